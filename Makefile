@@ -1,0 +1,44 @@
+# The README's two commands: `make up` (the local embedded default, end to end) and `make test`.
+# Both start with `make setup`: the virtualenv and the cached Go toolchain, no cluster.
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.strata-installed
+
+.PHONY: setup venv toolchain up down test test-unit bench clean
+
+setup: venv toolchain
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) and installing strata (pinned Pulumi SDK 3.259.0, Kopf, ...)"
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	@$(VPY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+toolchain: venv
+	@$(VENV)/bin/strata local toolchain
+
+# Checks first (seconds, standard library only): without the Python language host or the provider
+# plugins the dev stack cannot run, and nobody should wait for a 25-minute build to learn that.
+up:
+	@$(PYTHON) components/local/preflight.py
+	@$(MAKE) --no-print-directory setup
+	@$(VENV)/bin/strata dev up
+
+down: venv
+	@$(VENV)/bin/strata dev down
+
+test: setup
+	@$(VPY) tests/run.py
+
+test-unit: venv
+	@$(VPY) tests/run.py --tiers unit
+
+bench: setup
+	@$(VPY) benchmarks/platform.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

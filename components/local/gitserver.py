@@ -1,0 +1,180 @@
+"""A git server on loopback speaking the smart HTTP protocol (Flux's go-git client needs it).
+
+`git http-backend` does the protocol work as a CGI program; this module is the small HTTP server in
+front of it, plus helpers that create and commit to the served repositories. With an auth file
+(`user:password` on one line) every request needs that HTTP basic auth; a user named `token`
+stands for bearer-style access tokens sent as the password, which is how git clients send them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hmac
+import os
+import shutil
+import subprocess
+import tempfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "strata", "GIT_AUTHOR_EMAIL": "strata@localhost",
+    "GIT_COMMITTER_NAME": "strata", "GIT_COMMITTER_EMAIL": "strata@localhost",
+}
+
+
+def _split_cgi_output(output: bytes) -> tuple[bytes, bytes]:
+    """CGI headers end at the first blank line, written with CRLF or LF."""
+    ends = [(output.find(sep), sep) for sep in (b"\r\n\r\n", b"\n\n") if sep in output]
+    if not ends:
+        return output, b""
+    index, sep = min(ends)
+    return output[:index], output[index + len(sep):]
+
+
+def _handler(root: Path, credentials: bytes | None) -> type[BaseHTTPRequestHandler]:
+    class GitHandler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+            pass  # request lines could carry credentials in URLs; the CGI's own errors still reach the log
+
+        def _authorized(self) -> bool:
+            if credentials is None:
+                return True
+            header = self.headers.get("Authorization", "")
+            scheme, _, value = header.partition(" ")
+            if scheme.lower() != "basic":
+                return False
+            try:
+                given = base64.b64decode(value, validate=True)
+            except ValueError:
+                return False
+            return hmac.compare_digest(given, credentials)
+
+        def _serve(self) -> None:
+            if not self._authorized():
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="strata-git"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            path, _, query = self.path.partition("?")
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "GIT_PROJECT_ROOT": str(root),
+                "GIT_HTTP_EXPORT_ALL": "1",
+                "REQUEST_METHOD": self.command,
+                "PATH_INFO": path,
+                "QUERY_STRING": query,
+                "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+                "CONTENT_LENGTH": str(len(body)),
+                "REMOTE_ADDR": self.client_address[0],
+                "REMOTE_USER": "strata",  # lets receive-pack (push) through
+                "GIT_HTTP_MAX_REQUEST_BUFFER": "100M",
+            }
+            if self.headers.get("Git-Protocol"):
+                env["GIT_PROTOCOL"] = self.headers["Git-Protocol"]
+            if self.headers.get("Content-Encoding"):
+                env["HTTP_CONTENT_ENCODING"] = self.headers["Content-Encoding"]
+            result = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True)
+            head, payload = _split_cgi_output(result.stdout)
+            status = 200
+            headers = []
+            for line in head.decode(errors="replace").splitlines():
+                key, _, value = line.partition(":")
+                if key.lower() == "status":
+                    status = int(value.strip().split()[0])
+                elif key:
+                    headers.append((key, value.strip()))
+            self.send_response(status)
+            for key, value in headers:
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        do_GET = _serve
+        do_POST = _serve
+
+    return GitHandler
+
+
+def serve(root: Path, port: int, auth_file: Path | None = None) -> None:
+    credentials = auth_file.read_text().strip().encode() if auth_file else None
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(root, credentials))
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    env = {**os.environ, **GIT_IDENTITY, "GIT_CONFIG_NOSYSTEM": "1"}
+    result = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"git {args[0]} failed: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+class GitRepos:
+    """The repositories behind a git server: create them and commit files to them."""
+
+    def __init__(self, root: Path, base_url: str):
+        self.root = root
+        self.base_url = base_url.rstrip("/")
+
+    def url(self, name: str) -> str:
+        return f"{self.base_url}/{name}.git"
+
+    def create(self, name: str, files: dict[str, str] | None = None, branch: str = "main") -> str:
+        """A new bare repository (with a first commit when `files` are given); returns its URL."""
+        bare = self.root / f"{name}.git"
+        if bare.exists():
+            raise FileExistsError(f"git repository {name!r} already exists in {self.root}")
+        _git("init", "--bare", f"--initial-branch={branch}", str(bare))
+        _git("config", "http.receivepack", "true", cwd=bare)
+        if files:
+            self.commit(name, files, branch=branch)
+        return self.url(name)
+
+    def commit(self, name: str, files: dict[str, str | None], message: str = "update",
+               branch: str = "main") -> str:
+        """Write (or, with None, delete) files on `branch` and return the new commit's sha."""
+        bare = self.root / f"{name}.git"
+        with tempfile.TemporaryDirectory(prefix="strata-git-") as tmp:
+            work = Path(tmp)
+            has_branch = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "--verify", "-q", branch],
+                                        capture_output=True).returncode == 0
+            if has_branch:
+                _git("clone", "-q", "--branch", branch, str(bare), str(work))
+            else:
+                _git("init", "-q", f"--initial-branch={branch}", str(work))
+            for relative, content in files.items():
+                target = work / relative
+                if content is None:
+                    target.unlink(missing_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(content)
+            _git("add", "-A", cwd=work)
+            _git("commit", "-q", "--allow-empty", "-m", message, cwd=work)
+            _git("push", "-q", str(bare), f"HEAD:refs/heads/{branch}", cwd=work)
+            return _git("rev-parse", "HEAD", cwd=work)
+
+    def delete(self, name: str) -> None:
+        shutil.rmtree(self.root / f"{name}.git", ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve the git repositories under --root over smart HTTP.")
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--auth-file", type=Path, help="file holding user:password for HTTP basic auth")
+    args = parser.parse_args(argv)
+    serve(args.root, args.port, args.auth_file)
+
+
+if __name__ == "__main__":
+    main()

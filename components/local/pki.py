@@ -1,0 +1,106 @@
+"""The local control plane's PKI: one CA, serving and client certificates, the service-account key pair."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = datetime.timedelta(days=365)
+API_SERVER_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local")
+API_SERVER_IPS = ("127.0.0.1", "10.96.0.1")
+
+# Client identities the control plane needs: (file stem, common name, organization).
+CLIENTS = (
+    ("admin", "strata-admin", "system:masters"),
+    ("controller-manager", "system:kube-controller-manager", None),
+    ("scheduler", "system:kube-scheduler", None),
+)
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> None:
+    path.write_bytes(data)
+    if private:
+        path.chmod(0o600)
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attributes)
+
+
+def _issue(subject: x509.Name, key, ca_cert: x509.Certificate | None, ca_key, *, ca: bool = False,
+           usage: ExtendedKeyUsageOID | None = None, sans: list[x509.GeneralName] | None = None) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject if ca_cert else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                          key_encipherment=False, data_encipherment=False, key_agreement=False,
+                          encipher_only=False, decipher_only=False), critical=True)
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def ensure_pki(directory: Path) -> Path:
+    """Create the PKI in `directory` unless it is complete already; returns the directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = ["ca.crt", "ca.key", "apiserver.crt", "apiserver.key", "sa.key", "sa.pub",
+              *[f"{stem}.{ext}" for stem, _, _ in CLIENTS for ext in ("crt", "key")]]
+    if all((directory / name).exists() for name in wanted):
+        return directory
+
+    ca_key = _key()
+    ca_cert = _issue(_name("strata-local-ca"), ca_key, None, ca_key, ca=True)
+    _write(directory / "ca.key", _pem_key(ca_key), private=True)
+    _write(directory / "ca.crt", ca_cert.public_bytes(serialization.Encoding.PEM))
+
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in API_SERVER_NAMES]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in API_SERVER_IPS]
+    server_key = _key()
+    server_cert = _issue(_name("kube-apiserver"), server_key, ca_cert, ca_key,
+                         usage=ExtendedKeyUsageOID.SERVER_AUTH, sans=sans)
+    _write(directory / "apiserver.key", _pem_key(server_key), private=True)
+    _write(directory / "apiserver.crt", server_cert.public_bytes(serialization.Encoding.PEM))
+
+    for stem, common_name, organization in CLIENTS:
+        key = _key()
+        cert = _issue(_name(common_name, organization), key, ca_cert, ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+        _write(directory / f"{stem}.key", _pem_key(key), private=True)
+        _write(directory / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM))
+
+    # Service-account tokens are RSA-signed (RS256) by kube-apiserver.
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write(directory / "sa.key", _pem_key(sa_key), private=True)
+    _write(directory / "sa.pub", sa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return directory

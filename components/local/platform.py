@@ -1,0 +1,363 @@
+"""The local platform: a real Kubernetes control plane on loopback, kwok nodes, host controllers, a git server.
+
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler run as host processes built from
+Go modules; kwok plays the nodes (pods get scheduled and turn Ready, nothing runs in them).
+Controllers that must really run — Flux's source- and kustomize-controller, the Strata operator —
+run as supervised host processes with the kubeconfig they are given. Everything lives in one state
+directory; `up` is idempotent and `down` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import processes
+from .gitserver import GitRepos
+from .kube import http_ok, https_ok, load_documents, render_kubeconfig, server_side_apply, write_private
+from .pki import ensure_pki
+from .processes import HostProcess, ProcessError
+from .progress import Say, format_seconds, stderr_say, tail
+from .toolchain import Toolchain, ToolchainError, installed
+
+FLUX_NAMESPACE = "flux-system"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# Ports each component needs, in the order they are allocated.
+PORTS = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "git",
+         "source_storage", "source_metrics", "source_health", "kustomize_metrics", "kustomize_health")
+HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
+
+
+class PlatformError(Exception):
+    """The platform could not start; the message names the cause and the fix."""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(os.environ.get("STRATA_STATE_DIR") or Path(base) / "strata" / "platform")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformConfig:
+    state_dir: Path = dataclasses.field(default_factory=default_state_dir)
+    nodes: int = 1
+    host_controllers: tuple[str, ...] = ("source-controller",)
+    apiserver_port: int | None = None
+    """A fixed port for kube-apiserver; by default a free one is picked on first start."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformInfo:
+    state_dir: Path
+    kubeconfig_path: Path
+    server: str
+    git: GitRepos
+    ports: dict[str, int]
+    bin_dirs: tuple[Path, ...]
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.kubeconfig_path.read_text()
+
+    @property
+    def flux_storage_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['source_storage']}"
+
+
+class LocalPlatform:
+    def __init__(self, config: PlatformConfig | None = None, toolchain: Toolchain | None = None):
+        self.config = config or PlatformConfig()
+        unknown = set(self.config.host_controllers) - set(HOST_CONTROLLERS)
+        if unknown:
+            raise PlatformError(f"unknown host controllers {sorted(unknown)}; choose from {list(HOST_CONTROLLERS)}")
+        self._toolchain = toolchain
+        self.state = Path(self.config.state_dir)
+        self.pki = self.state / "pki"
+        self.run_dir = self.state / "run"
+        self.log_dir = self.state / "logs"
+
+    # -- layout -------------------------------------------------------------------------------
+    @property
+    def toolchain(self) -> Toolchain:
+        if self._toolchain is None:
+            try:
+                self._toolchain = installed()
+            except ToolchainError as error:
+                raise PlatformError(str(error)) from None
+        return self._toolchain
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return self.state / "kubeconfig"
+
+    def _ports(self) -> dict[str, int]:
+        state_file = self.state / "platform.json"
+        if state_file.exists():
+            ports = json.loads(state_file.read_text())["ports"]
+            if set(ports) == set(PORTS) and (self.config.apiserver_port in (None, ports["apiserver"])):
+                return ports
+        ports = dict(zip(PORTS, processes.free_ports(len(PORTS))))
+        if self.config.apiserver_port:
+            ports["apiserver"] = self.config.apiserver_port
+        self.state.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps({"ports": ports}, indent=1))
+        return ports
+
+    def _check_ports_free(self, ports: dict[str, int], components: dict[str, tuple[str, ...]]) -> None:
+        """Ports of components that are not running must be free, else say which program is in the way."""
+        for component, names in components.items():
+            if processes.running_pid(self.run_dir, component) is not None:
+                continue
+            for name in names:
+                if not processes.port_is_free(ports[name]):
+                    fix = ("pick another with --apiserver-port" if name == "apiserver" and self.config.apiserver_port
+                           else f"stop that program, or delete {self.state / 'platform.json'} to pick new ports")
+                    raise PlatformError(f"port {ports[name]} ({component}) is already in use on 127.0.0.1; fix: {fix}")
+
+    def info(self) -> PlatformInfo:
+        ports = json.loads((self.state / "platform.json").read_text())["ports"]
+        return PlatformInfo(
+            state_dir=self.state, kubeconfig_path=self.kubeconfig_path,
+            server=f"https://127.0.0.1:{ports['apiserver']}",
+            git=GitRepos(self.state / "git", f"http://127.0.0.1:{ports['git']}"),
+            ports=ports, bin_dirs=tuple(self.toolchain.bin_dirs),
+        )
+
+    # -- processes ----------------------------------------------------------------------------
+    def _processes(self, ports: dict[str, int]) -> list[tuple[HostProcess, object]]:
+        """Every host process with its readiness check, in start order."""
+        tc, state, pki = self.toolchain, self.state, self.pki
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        kubeconfigs = state / "kubeconfigs"
+        etcd_url = f"http://127.0.0.1:{ports['etcd_client']}"
+        peer_url = f"http://127.0.0.1:{ports['etcd_peer']}"
+        result: list[tuple[HostProcess, object]] = [
+            (HostProcess("etcd", [str(tc.bin("etcd")), "--name=strata", f"--data-dir={state / 'etcd'}",
+                                  f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                                  f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+                                  f"--initial-cluster=strata={peer_url}", "--unsafe-no-fsync", "--log-level=warn"]),
+             lambda: http_ok(f"{etcd_url}/health")),
+            (HostProcess("kube-apiserver", [
+                str(tc.bin("kube-apiserver")), f"--etcd-servers={etcd_url}",
+                # The machine may have no default route: without an explicit address the apiserver exits.
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports['apiserver']}",
+                "--endpoint-reconciler-type=none",
+                f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--authorization-mode=Node,RBAC", "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true", "--profiling=false", "--watch-cache=true",
+            ]), lambda: https_ok(f"{server}/readyz", pki)),
+            (HostProcess("kube-controller-manager", [
+                str(tc.bin("kube-controller-manager")),
+                *self._component_kubeconfig_flags(kubeconfigs / "controller-manager.kubeconfig"),
+                "--bind-address=127.0.0.1", f"--secure-port={ports['controller_manager']}",
+                "--use-service-account-credentials=true", f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--leader-elect=false", "--profiling=false",
+            ]), lambda: https_ok(f"https://127.0.0.1:{ports['controller_manager']}/healthz", pki, verify_server=False)),
+            (HostProcess("kube-scheduler", [
+                str(tc.bin("kube-scheduler")),
+                *self._component_kubeconfig_flags(kubeconfigs / "scheduler.kubeconfig"),
+                "--bind-address=127.0.0.1", f"--secure-port={ports['scheduler']}",
+                "--leader-elect=false", "--profiling=false",
+            ]), lambda: https_ok(f"https://127.0.0.1:{ports['scheduler']}/healthz", pki, verify_server=False)),
+            (HostProcess("kwok", [
+                str(tc.bin("kwok")), f"--kubeconfig={self.kubeconfig_path}",
+                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                f"--config={tc.dir('kwok') / 'stages.yaml'}", f"--server-address=127.0.0.1:{ports['kwok']}",
+                "--cidr=10.244.0.0/16", "--node-ip=127.0.0.1",
+            ]), lambda: http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz")),
+            (HostProcess("git-server", [
+                sys.executable, "-m", "strata_components.local.gitserver", f"--root={state / 'git'}",
+                f"--port={ports['git']}",
+            ]), lambda: not processes.port_is_free(ports["git"])),
+        ]
+        flux_env = {"KUBECONFIG": str(self.kubeconfig_path), "RUNTIME_NAMESPACE": FLUX_NAMESPACE}
+        common = ["--enable-leader-election=false", "--log-level=info", "--log-encoding=console", "--events-addr="]
+        if "source-controller" in self.config.host_controllers:
+            storage = f"127.0.0.1:{ports['source_storage']}"
+            result.append((HostProcess("source-controller", [
+                str(tc.bin("source-controller")), f"--storage-path={state / 'flux' / 'source'}",
+                f"--storage-addr={storage}", f"--storage-adv-addr={storage}",
+                f"--metrics-addr=127.0.0.1:{ports['source_metrics']}",
+                f"--health-addr=127.0.0.1:{ports['source_health']}", *common,
+            ], env=flux_env), lambda: http_ok(f"http://127.0.0.1:{ports['source_health']}/readyz")))
+        if "kustomize-controller" in self.config.host_controllers:
+            result.append((HostProcess("kustomize-controller", [
+                str(tc.bin("kustomize-controller")),
+                f"--metrics-addr=127.0.0.1:{ports['kustomize_metrics']}",
+                f"--health-addr=127.0.0.1:{ports['kustomize_health']}", *common,
+            ], env=flux_env), lambda: http_ok(f"http://127.0.0.1:{ports['kustomize_health']}/readyz")))
+        return result
+
+    @staticmethod
+    def _component_kubeconfig_flags(kubeconfig: Path) -> list[str]:
+        return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}"]
+
+    def _write_kubeconfigs(self, ports: dict[str, int]) -> None:
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        ca = (self.pki / "ca.crt").read_text()
+        for stem, path in (("admin", self.kubeconfig_path),
+                           ("controller-manager", self.state / "kubeconfigs" / "controller-manager.kubeconfig"),
+                           ("scheduler", self.state / "kubeconfigs" / "scheduler.kubeconfig")):
+            write_private(path, render_kubeconfig(
+                server, ca, user=stem, client_cert_pem=(self.pki / f"{stem}.crt").read_text(),
+                client_key_pem=(self.pki / f"{stem}.key").read_text()))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def up(self, say: Say = stderr_say) -> PlatformInfo:
+        """Start whatever is not running yet and wait until every component is ready."""
+        started = time.monotonic()
+        ports = self._ports()
+        plan = self._processes(ports)
+        self._check_ports_free(ports, {
+            "etcd": ("etcd_client", "etcd_peer"), "kube-apiserver": ("apiserver",),
+            "kube-controller-manager": ("controller_manager",), "kube-scheduler": ("scheduler",),
+            "kwok": ("kwok",), "git-server": ("git",),
+            "source-controller": ("source_storage", "source_metrics", "source_health"),
+            "kustomize-controller": ("kustomize_metrics", "kustomize_health"),
+        })
+        ensure_pki(self.pki)
+        self._write_kubeconfigs(ports)
+        (self.state / "git").mkdir(parents=True, exist_ok=True)
+        for process, ready in plan:
+            if process.name in HOST_CONTROLLERS:
+                self._install_flux_crds(process.name)
+            already = processes.running_pid(self.run_dir, process.name) is not None
+            processes.start(process, self.run_dir, self.log_dir)
+            log = self.log_dir / f"{process.name}.log"
+            try:
+                processes.wait_until(lambda: ready() or self._exited(process.name, log), timeout=90,
+                                     what=process.name, log=log)
+            except ProcessError:
+                raise PlatformError(f"{process.name} did not become ready in 90s; see {log}") from None
+            say(f"  {process.name}: {'already running' if already else 'ready'} "
+                f"({format_seconds(time.monotonic() - started)})")
+            if process.name == "kwok":
+                self._ensure_nodes(say)
+        say(f"local platform ready in {format_seconds(time.monotonic() - started)}: "
+            f"https://127.0.0.1:{ports['apiserver']}, kubeconfig {self.kubeconfig_path}")
+        return self.info()
+
+    def _exited(self, name: str, log: Path) -> bool:
+        if processes.running_pid(self.run_dir, name) is None:
+            last = tail(log, 5).strip().splitlines()
+            raise PlatformError(f"{name} exited during start: {last[-1] if last else 'no output'} (log: {log})")
+        return False
+
+    def _install_flux_crds(self, controller: str) -> None:
+        crds = sorted((self.toolchain.dir(controller) / "crds").glob("*.yaml"))
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLUX_NAMESPACE}}
+        server_side_apply(self.kubeconfig_path, [namespace, *load_documents(crds)])
+        self._wait_crds_established([doc["metadata"]["name"] for doc in load_documents(crds)])
+
+    def _wait_crds_established(self, names: list[str]) -> None:
+        from kubernetes import client
+
+        from .kube import api_client
+
+        with api_client(self.kubeconfig_path) as api:
+            extensions = client.ApiextensionsV1Api(api)
+
+            def established() -> bool:
+                for name in names:
+                    conditions = extensions.read_custom_resource_definition(name).status.conditions or []
+                    if not any(c.type == "Established" and c.status == "True" for c in conditions):
+                        return False
+                return True
+
+            processes.wait_until(established, timeout=30, what="Flux CRDs")
+
+    def _ensure_nodes(self, say: Say) -> None:
+        from kubernetes import client
+
+        from .kube import api_client
+
+        with api_client(self.kubeconfig_path) as api:
+            core = client.CoreV1Api(api)
+            for index in range(self.config.nodes):
+                name = f"strata-node-{index}"
+                body = {
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": name, "annotations": {FAKE_NODE_ANNOTATION: "fake"},
+                                 "labels": {"type": "kwok", "kubernetes.io/hostname": name,
+                                            "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}},
+                    "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "pods": "250"},
+                               "capacity": {"cpu": "32", "memory": "256Gi", "pods": "250"}},
+                }
+                try:
+                    core.create_node(body)
+                except client.ApiException as error:
+                    if error.status != 409:
+                        raise
+            def ready() -> bool:
+                nodes = core.list_node(label_selector="type=kwok").items
+                ready_nodes = [n for n in nodes if any(c.type == "Ready" and c.status == "True"
+                                                       for c in (n.status.conditions or []))]
+                return len(ready_nodes) >= self.config.nodes
+
+            processes.wait_until(ready, timeout=60, what="kwok nodes")
+            # Pods are refused until the service-account controller made the namespace's default SA.
+            processes.wait_until(lambda: core.list_namespaced_service_account("default").items, timeout=60,
+                                 what="default ServiceAccount")
+        say(f"  nodes: {self.config.nodes} kwok node(s) Ready")
+
+    def down(self, say: Say = stderr_say) -> list[str]:
+        """Stop every process of the platform (reverse start order); returns the names that were running."""
+        stopped = []
+        names = [*reversed(HOST_CONTROLLERS), "git-server", "kwok", "kube-scheduler",
+                 "kube-controller-manager", "kube-apiserver", "etcd"]
+        for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
+            if extra.stem not in names:
+                names.insert(0, extra.stem)  # controllers started by others (e.g. the operator) go first
+        for name in names:
+            if processes.stop(self.run_dir, name):
+                stopped.append(name)
+                say(f"  stopped {name}")
+        return stopped
+
+    def status(self) -> dict[str, bool]:
+        names = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "git-server",
+                 *self.config.host_controllers]
+        return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
+
+    def start_controller(self, process: HostProcess, ready=None, timeout: float = 60) -> int:
+        """Run another controller (e.g. the Strata operator) as a supervised process of this platform."""
+        pid = processes.start(process, self.run_dir, self.log_dir)
+        if ready is not None:
+            log = self.log_dir / f"{process.name}.log"
+            processes.wait_until(lambda: ready() or self._exited(process.name, log), timeout=timeout,
+                                 what=process.name, log=log)
+        return pid
+
+    def stop_controller(self, name: str) -> bool:
+        return processes.stop(self.run_dir, name)
+
+    def token_kubeconfig(self, namespace: str, service_account: str, expiration_seconds: int = 3600) -> str:
+        """A kubeconfig holding only a short-lived TokenRequest token of one ServiceAccount."""
+        from kubernetes import client
+
+        from .kube import api_client
+
+        with api_client(self.kubeconfig_path) as api:
+            token = client.CoreV1Api(api).create_namespaced_service_account_token(
+                service_account, namespace,
+                {"spec": {"expirationSeconds": expiration_seconds}},
+            ).status.token
+        ports = json.loads((self.state / "platform.json").read_text())["ports"]
+        return render_kubeconfig(f"https://127.0.0.1:{ports['apiserver']}", (self.pki / "ca.crt").read_text(),
+                                 user=f"{namespace}-{service_account}", token=token, namespace=namespace)
+
+    def shell_env(self) -> dict[str, str]:
+        """KUBECONFIG and a PATH with the toolchain's binaries first, for `strata local env`."""
+        path = os.pathsep.join([*(str(d) for d in self.toolchain.bin_dirs), os.environ.get("PATH", "")])
+        return {"KUBECONFIG": str(self.kubeconfig_path), "PATH": path}

@@ -1,0 +1,105 @@
+"""Run the test tiers and report each one: unit, integration, engine, e2e.
+
+unit, integration and engine always run, in one pytest session (so the local platform starts once),
+and each must have collected tests: an empty tier is a broken tier, not a green one. e2e needs the
+Python language host and the kubernetes/flux provider plugins; where they are missing it is reported
+NOT RUN with the reason and counted neither as passed nor as failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ALWAYS = ("unit", "integration", "engine")
+
+
+def _tier_of(testcase: ElementTree.Element) -> str:
+    classname = testcase.get("classname", "")
+    parts = classname.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "tests" else "?"
+
+
+def _outcome(testcase: ElementTree.Element) -> str:
+    for child in testcase:
+        if child.tag in ("failure", "error"):
+            return "failed"
+        if child.tag == "skipped":
+            return "skipped"
+    return "passed"
+
+
+def run_pytest(paths: list[str], extra: list[str]) -> tuple[int, dict[str, Counter]]:
+    with tempfile.TemporaryDirectory(prefix="strata-tests-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        command = [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", f"--junitxml={junit}",
+                   "-o", "junit_family=xunit1", *extra]
+        code = subprocess.call(command, cwd=ROOT)
+        counts: dict[str, Counter] = {}
+        if junit.exists():
+            for testcase in ElementTree.parse(junit).iter("testcase"):
+                counts.setdefault(_tier_of(testcase), Counter())[_outcome(testcase)] += 1
+    return code, counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiers", default="unit,integration,engine,e2e")
+    parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (e.g. -k NAME)")
+    args = parser.parse_args()
+    tiers = args.tiers.split(",")
+
+    always = [tier for tier in ALWAYS if tier in tiers]
+    failed = False
+    counts: dict[str, Counter] = {}
+    if always:
+        code, counts = run_pytest([f"tests/{tier}" for tier in always], ["-q", *args.pytest_args])
+        if code not in (0, 1):
+            print(f"pytest exited with code {code} (5 = no tests collected, 2-4 = usage or internal error)")
+            failed = True
+        failed |= code != 0
+
+    report = []
+    for tier in always:
+        tally = counts.get(tier, Counter())
+        if sum(tally.values()) == 0:
+            failed = True
+            report.append(f"{tier:12} FAILED: no tests ran in tests/{tier} (an empty tier proves nothing)")
+        else:
+            failed |= tally["failed"] > 0
+            report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
+
+    if "e2e" in tiers:
+        sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+        from requirements import missing_e2e_requirements
+
+        missing = missing_e2e_requirements()
+        if missing:
+            report.append(f"{'e2e':12} NOT RUN (not counted as passed): missing {'; '.join(missing)}")
+        else:
+            code, e2e_counts = run_pytest(["tests/e2e"], ["-q", *args.pytest_args])
+            tally = e2e_counts.get("e2e", Counter())
+            failed |= code != 0 or tally["passed"] == 0
+            counts["e2e"] = tally
+            report.append(f"{'e2e':12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
+
+    total = Counter()
+    for tally in counts.values():
+        total.update(tally)
+    print("\n==> test tiers")
+    for line in report:
+        print(f"  {line}")
+    print(f"tests: {total['passed']} passed, {total['failed']} failed, {total['skipped']} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    sys.exit(main())

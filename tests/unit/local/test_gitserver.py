@@ -1,0 +1,68 @@
+import base64
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from strata_components.local import processes
+from strata_components.local.gitserver import GitRepos, _split_cgi_output
+
+
+@pytest.fixture
+def git_server(tmp_path):
+    def start(auth: str | None = None):
+        port = processes.free_ports(1)[0]
+        argv = [sys.executable, "-m", "strata_components.local.gitserver", f"--root={tmp_path / 'repos'}",
+                f"--port={port}"]
+        if auth:
+            (tmp_path / "auth").write_text(auth)
+            argv.append(f"--auth-file={tmp_path / 'auth'}")
+        (tmp_path / "repos").mkdir(exist_ok=True)
+        processes.start(processes.HostProcess("git", argv), tmp_path / "run", tmp_path / "logs")
+        processes.wait_until(lambda: not processes.port_is_free(port), 10, "git server")
+        return GitRepos(tmp_path / "repos", f"http://127.0.0.1:{port}")
+
+    yield start
+    processes.stop(tmp_path / "run", "git")
+
+
+def test_smart_http_clone_sees_every_commit(git_server, tmp_path):
+    repos = git_server()
+    url = repos.create("app", {"Pulumi.yaml": "name: app\nruntime: yaml\n"})
+    second = repos.commit("app", {"Pulumi.yaml": None, "dir/Pulumi.yaml": "name: moved\n"}, "move")
+    heads = subprocess.run(["git", "ls-remote", url], capture_output=True, text=True, check=True).stdout
+    assert f"{second}\trefs/heads/main" in heads
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", url, str(clone)], check=True)
+    assert (clone / "dir" / "Pulumi.yaml").read_text() == "name: moved\n"
+    assert not (clone / "Pulumi.yaml").exists()
+    # Smart protocol: the advertisement answers with the git-upload-pack media type.
+    with urllib.request.urlopen(f"{url}/info/refs?service=git-upload-pack") as response:
+        assert response.headers["Content-Type"] == "application/x-git-upload-pack-advertisement"
+
+
+def test_basic_auth_is_enforced(git_server):
+    repos = git_server(auth="alice:s3cret")
+    repos.create("private", {"a": "b"})
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(f"{repos.url('private')}/info/refs?service=git-upload-pack")
+    assert denied.value.code == 401
+    request = urllib.request.Request(f"{repos.url('private')}/info/refs?service=git-upload-pack",
+                                     headers={"Authorization": "Basic " + base64.b64encode(b"alice:s3cret").decode()})
+    with urllib.request.urlopen(request) as response:
+        assert response.status == 200
+
+
+def test_creating_a_repository_twice_is_refused(git_server):
+    repos = git_server()
+    repos.create("twice")
+    with pytest.raises(FileExistsError, match="twice"):
+        repos.create("twice")
+
+
+def test_cgi_headers_split_on_crlf_or_lf():
+    assert _split_cgi_output(b"Status: 200\r\nA: b\r\n\r\nbody\n\nmore") == (b"Status: 200\r\nA: b", b"body\n\nmore")
+    assert _split_cgi_output(b"A: b\n\nbody") == (b"A: b", b"body")
+    assert _split_cgi_output(b"no headers") == (b"no headers", b"")

@@ -1,0 +1,31 @@
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from strata_components.local.pki import ensure_pki
+
+
+def _load(path):
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_pki_issues_a_chain_the_apiserver_and_clients_can_use(tmp_path):
+    pki = ensure_pki(tmp_path / "pki")
+    ca = _load(pki / "ca.crt")
+    server = _load(pki / "apiserver.crt")
+    server.verify_directly_issued_by(ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "kubernetes.default.svc" in sans.get_values_for_type(x509.DNSName)
+    assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+    admin = _load(pki / "admin.crt")
+    admin.verify_directly_issued_by(ca)
+    assert admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"
+    usage = admin.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert ExtendedKeyUsageOID.CLIENT_AUTH in usage
+    assert (pki / "ca.key").stat().st_mode & 0o077 == 0
+
+
+def test_pki_is_created_once(tmp_path):
+    pki = ensure_pki(tmp_path / "pki")
+    before = (pki / "ca.crt").read_bytes()
+    ensure_pki(pki)
+    assert (pki / "ca.crt").read_bytes() == before

@@ -1,0 +1,26 @@
+from strata_components.local import preflight
+
+
+def test_everything_missing_is_named_with_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    missing = preflight.missing_dev_stack_requirements()
+    assert len(missing) == 3
+    assert "pulumi-language-python" in missing[0]
+    assert "pulumi plugin install resource kubernetes v4.34.2" in missing[1]
+    assert "pulumi plugin install resource flux v1.0.1" in missing[2]
+    assert preflight.main() == 1
+
+
+def test_an_official_install_satisfies_the_preflight(monkeypatch, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("pulumi", "pulumi-language-python"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    for plugin in ("resource-kubernetes-v4.34.2", "resource-flux-v1.0.1"):
+        (tmp_path / "plugins" / plugin).mkdir(parents=True)
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert preflight.missing_dev_stack_requirements() == []
+    assert preflight.main() == 0

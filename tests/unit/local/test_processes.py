@@ -1,0 +1,51 @@
+import socket
+import sys
+import time
+
+import pytest
+
+from strata_components.local import processes
+from strata_components.local.processes import HostProcess, ProcessError
+
+
+def test_start_is_idempotent_and_stop_leaves_no_process(tmp_path):
+    # The child spawns a grandchild: stop must take the whole process group.
+    script = "import subprocess,time; subprocess.Popen(['sleep','300']); print('up', flush=True); time.sleep(300)"
+    process = HostProcess("sleeper", [sys.executable, "-c", script])
+    pid = processes.start(process, tmp_path / "run", tmp_path / "logs")
+    assert processes.start(process, tmp_path / "run", tmp_path / "logs") == pid
+    processes.wait_until(lambda: "up" in (tmp_path / "logs" / "sleeper.log").read_text(), 10, "sleeper")
+    assert processes.running_pid(tmp_path / "run", "sleeper") == pid
+    assert processes.stop(tmp_path / "run", "sleeper") is True
+    assert processes.running_pid(tmp_path / "run", "sleeper") is None
+    assert not processes._group_alive(pid)
+    assert processes.stop(tmp_path / "run", "sleeper") is False
+
+
+def test_a_reused_pid_is_not_mistaken_for_our_process(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    # Our own pid is alive but runs another program than the one recorded.
+    (run / "ghost.json").write_text('{"pid": %d, "argv0": "/no/such/binary"}' % __import__("os").getpid())
+    assert processes.running_pid(run, "ghost") is None
+
+
+def test_missing_binary_is_a_clear_error(tmp_path):
+    with pytest.raises(ProcessError, match="cannot start ghost"):
+        processes.start(HostProcess("ghost", [str(tmp_path / "nope")]), tmp_path / "run", tmp_path / "logs")
+
+
+def test_busy_port_is_detected():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert not processes.port_is_free(busy.getsockname()[1])
+    ports = processes.free_ports(3)
+    assert len(set(ports)) == 3 and all(processes.port_is_free(p) for p in ports)
+
+
+def test_wait_until_names_what_timed_out_and_its_log(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(ProcessError, match=r"etcd not ready after 0s; see .*etcd.log"):
+        processes.wait_until(lambda: False, 0.3, "etcd", log=tmp_path / "etcd.log", interval=0.05)
+    assert time.monotonic() - started < 5
