@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .local import toolchain
+from .local import devstack, toolchain
 from .local.platform import HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
 from .local.processes import ProcessError
 
@@ -42,6 +42,12 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dev(args: argparse.Namespace) -> int:
+    action = devstack.up if args.action == "up" else devstack.down
+    action(args.project, args.state_dir)
+    return 0
+
+
 def _operator(args: argparse.Namespace) -> int:
     from strata_operator.main import run
 
@@ -63,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     local.set_defaults(handler=_local)
 
+    dev = commands.add_parser("dev", help="the bootstrap program's dev stack (what `make up` runs)")
+    dev.add_argument("action", choices=["up", "down"])
+    dev.add_argument("--project", type=Path, default=Path.cwd(), help="the bootstrap project (default: .)")
+    dev.add_argument("--state-dir", type=Path, default=default_state_dir())
+    dev.set_defaults(handler=_dev)
+
     operator = commands.add_parser("operator", help="the Strata operator")
     operator.add_argument("action", choices=["run"])
     operator.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the operator")
@@ -71,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (toolchain.ToolchainError, PlatformError, ProcessError) as error:
+    except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
