@@ -1,0 +1,485 @@
+"""Kopf handlers: fetch, call the pure functions (spec, planning, status), run the engine, write back.
+
+Each Stack has one daemon that loops `reconcile_stack` and sleeps until the plan's requeue time or
+until something relevant changes (the Stack itself, its Program, its Flux source, a prerequisite),
+which `wake` signals. Deletion is Kopf's finalizer (PKO's name, so PKO-managed Stacks carry over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import shutil
+import socket
+import tempfile
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from . import FINALIZER, GROUP, VERSION, metrics, status as st
+from .engine import AutomationEngine, Engine, EngineSettings, UpdateRequest, UpdateResult
+from .kube import FLUX_GROUP, Kube
+from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
+                       plan_stack, prerequisites_verdict)
+from .redaction import REDACTOR, install_log_redaction, redact
+from .resolve import RefError, Resolved, resolve_stack
+from .sources import (SourceError, download_artifact, flux_artifact, git_branch_head, git_checkout,
+                      program_revision, safe_extract, subdir, write_program_project)
+from .spec import SpecInvalid, StackSpec, not_applicable_fields, parse_stack_spec
+
+RETRY_REFS_SECONDS = 30.0
+HOST = socket.gethostname()
+
+
+@dataclasses.dataclass
+class OperatorSettings:
+    engine: EngineSettings = dataclasses.field(default_factory=EngineSettings)
+    stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES
+    allow_operator_refs: bool = True  # PKO v1's Env/FS refs read the operator's env/files
+    metrics_port: int = 8383
+    kubeconfig: str | None = None
+
+
+@dataclasses.dataclass
+class Watched:
+    """What a live Stack depends on, so changes to those objects wake its daemon."""
+
+    wakeup: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    program: str = ""
+    flux: tuple[str, str] = ("", "")
+    prerequisites: tuple[str, ...] = ()
+    branch_head: tuple[str, float] = ("", 0.0)  # (sha, monotonic time of ls-remote)
+    branch_key: tuple[Any, ...] = ()
+    # Status fields this process wrote that the watch has not shown yet: a wakeup from another object
+    # can arrive before our own patch's event, and planning on the stale status would re-run the update.
+    pending: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.stacks: dict[tuple[str, str], Watched] = {}
+
+    def wake(self, namespace: str, name: str) -> None:
+        watched = self.stacks.get((namespace, name))
+        if watched is not None:
+            watched.wakeup.set()
+
+    def wake_where(self, namespace: str, predicate) -> None:
+        for (ns, name), watched in self.stacks.items():
+            if ns == namespace and predicate(watched):
+                watched.wakeup.set()
+
+
+@dataclasses.dataclass
+class Context:
+    kube: Kube
+    engine: Engine
+    settings: OperatorSettings
+    registry: Registry = dataclasses.field(default_factory=Registry)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def _event(body: Any, reason: str, message: str, warning: bool = False) -> None:
+    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=redact(message)[:1024])
+
+
+class StackSession:
+    """One reconcile pass over one Stack: the object as read, and the status it will write."""
+
+    def __init__(self, ctx: Context, body: Any, logger: Any):
+        self.ctx, self.body, self.logger = ctx, body, logger
+        self.meta = body.get("metadata", {})
+        self.namespace, self.name = self.meta["namespace"], self.meta["name"]
+        self.generation = int(self.meta.get("generation", 0))
+        self.status: dict[str, Any] = dict(body.get("status") or {})
+        pending = self.watched.pending
+        for field, value in list(pending.items()):
+            if self.status.get(field) == value:
+                del pending[field]
+        self.status.update(pending)
+        self.requests = Requests.of(self.meta.get("annotations"), self.status)
+
+    @property
+    def key(self) -> str:
+        return _key(self.namespace, self.name)
+
+    @property
+    def watched(self) -> Watched:
+        return self.ctx.registry.stacks.setdefault((self.namespace, self.name), Watched())
+
+    async def write(self, verdict: st.Verdict | None = None, **fields: Any) -> None:
+        """Patch status only when it changes, so idle Stacks cause no writes (and no wakeups)."""
+        patch: dict[str, Any] = {"observedGeneration": self.generation,
+                                 "observedReconcileRequest": self.requests.pulumi, **fields}
+        if verdict is not None:
+            patch["conditions"] = st.build_conditions(self.status.get("conditions"), verdict, self.generation, _now())
+            failing = verdict.phase == "stalled" or verdict.reason == st.RECONCILING_RETRY
+            metrics.mark_failing(self.namespace, self.name, failing)
+        changed = {k: v for k, v in patch.items() if self.status.get(k) != v}
+        if "conditions" in changed and not _conditions_differ(self.status.get("conditions"), patch["conditions"]):
+            del changed["conditions"]
+        if not changed:
+            return
+        for k, v in changed.items():
+            if isinstance(v, str):
+                changed[k] = redact(v)
+        if "conditions" in changed:
+            changed["conditions"] = [{**c, "message": redact(c["message"])} for c in changed["conditions"]]
+        await self.ctx.kube.patch_stack_status(self.namespace, self.name, changed)
+        self.status.update(changed)
+        self.watched.pending.update(changed)
+
+    async def stall(self, reason: str, message: str, event_reason: str | None = None) -> None:
+        before = _condition(self.status, st.STALLED)
+        if event_reason and (before is None or before.get("message") != redact(message)):
+            _event(self.body, event_reason, message, warning=True)
+        await self.write(st.Verdict("stalled", reason, message))
+
+
+def _condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), None)
+
+
+def _conditions_differ(old: list[dict[str, Any]] | None, new: list[dict[str, Any]]) -> bool:
+    def strip(cs):
+        return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in cs or []]
+    return strip(old) != strip(new)
+
+
+async def _source_revision(session: StackSession, spec: StackSpec, resolved: Resolved) -> tuple[str, Any]:
+    """(revision, handle to materialise it) without fetching the program itself."""
+    ctx, ns = session.ctx, session.namespace
+    watched = session.watched
+    if spec.program_ref is not None:
+        program = await ctx.kube.get_program(ns, spec.program_ref.name)
+        if program is None:
+            raise SourceError(f"unable to retrieve program {spec.program_ref.name!r} for stack")
+        return program_revision(program), program
+    if spec.flux_source is not None:
+        ref = spec.flux_source.source_ref
+        source = await ctx.kube.get_flux_source(ref.api_version, ref.kind, ns, ref.name)
+        if source is None:
+            raise SourceError(f"could not resolve sourceRef: {ref.kind} {ref.name!r} not found")
+        artifact = flux_artifact(source)
+        return artifact.revision, artifact
+    if spec.commit:
+        return spec.commit, spec.commit
+    # A branch: ls-remote at most once per resync period unless the spec or a request changed.
+    branch_key = (session.generation, session.requests)
+    sha, checked = watched.branch_head
+    loop = asyncio.get_running_loop()
+    if not sha or branch_key != watched.branch_key or loop.time() - checked >= spec.resync_seconds:
+        sha = await asyncio.to_thread(git_branch_head, spec.project_repo, spec.branch, resolved.git)
+        watched.branch_head, watched.branch_key = (sha, loop.time()), branch_key
+    return sha, sha
+
+
+async def _materialise(spec: StackSpec, handle: Any, dest: Path, resolved: Resolved) -> Path:
+    """Write the program at the planned revision into `dest`; returns the project directory."""
+    if spec.program_ref is not None:
+        write_program_project(handle, dest)
+        return dest
+    if spec.flux_source is not None:
+        archive = dest.with_suffix(".tar.gz")
+        await asyncio.to_thread(download_artifact, handle, archive)
+        await asyncio.to_thread(safe_extract, archive, dest)
+        archive.unlink()
+        return subdir(dest, spec.flux_source.dir, "spec.fluxSource.dir")
+    await asyncio.to_thread(git_checkout, spec.project_repo, handle, dest, resolved.git)
+    return subdir(dest, spec.repo_dir, "spec.repoDir")
+
+
+def _stack_dir(ctx: Context, namespace: str, name: str) -> Path:
+    return ctx.settings.engine.state_dir / "stacks" / namespace / name
+
+
+async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, project: Path, resolved: Resolved,
+                   run_dir: Path, message: str = "") -> UpdateRequest:
+    env = dict(resolved.env)
+    if spec.service_account_name:
+        kubeconfig, token = await ctx.kube.service_account_kubeconfig(namespace, spec.service_account_name)
+        REDACTOR.add(token)
+        path = run_dir / "kubeconfig"
+        path.write_text(kubeconfig)
+        path.chmod(0o600)
+        env["KUBECONFIG"] = str(path)
+    return UpdateRequest(
+        stack_key=_key(namespace, name), stack_name=spec.stack, project_dir=str(project), env=env,
+        config=resolved.config, secret_config=resolved.secret_config, secrets_provider=spec.secrets_provider,
+        create=not spec.use_local_stack_only, refresh=spec.refresh,
+        expect_no_refresh_changes=spec.expect_no_refresh_changes, targets=tuple(spec.targets),
+        target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message)
+
+
+async def _recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
+    """A currentUpdate with no run in this process is a run killed with the operator: clear its lock."""
+    current = session.status.get("currentUpdate")
+    if not current or session.ctx.engine.busy(session.key):
+        return
+    run = st.run_from_current_update(current)
+    last_good = _stack_dir(session.ctx, session.namespace, session.name) / "last-successful"
+    project = last_good if last_good.is_dir() else Path(tempfile.mkdtemp(prefix="strata-recover-"))
+    if not (project / "Pulumi.yaml").exists():
+        (project / "Pulumi.yaml").write_text("name: recover\nruntime: yaml\n")
+    request = await _request(session.ctx, spec, session.namespace, session.name, project, resolved, project)
+    request = dataclasses.replace(request, interrupted_host=run.host, interrupted_since=run.started.timestamp())
+    result = await session.ctx.engine.recover(request)
+    message = f"update {run.name} was interrupted (operator restart); {result.message}"
+    _event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
+    last = st.failed_update(session.status.get("lastUpdate"), run, "UpdateInterrupted", message, "", _now())
+    await session.write(lastUpdate=last, currentUpdate=None)
+
+
+async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
+    """One pass; returns seconds until the next pass is due (None: only when something changes)."""
+    session = StackSession(ctx, body, logger)
+    raw_spec = body.get("spec") or {}
+    try:
+        spec = parse_stack_spec(dict(raw_spec), session.namespace)
+    except SpecInvalid as err:
+        await session.stall(st.STALLED_SPEC_INVALID, str(err), st.EVENT_CONFIG_INVALID)
+        return None
+    ignored = not_applicable_fields(dict(raw_spec))
+    if ignored and session.status.get("ignoredFields") != ignored:
+        _event(body, st.EVENT_CONFIG_INVALID, f"accepted but not applicable to Strata's engine: {', '.join(ignored)}")
+        await session.write(ignoredFields=ignored)
+    watched = session.watched
+    watched.program = spec.program_ref.name if spec.program_ref else ""
+    watched.flux = (spec.flux_source.source_ref.kind, spec.flux_source.source_ref.name) if spec.flux_source else ("", "")
+    watched.prerequisites = tuple(p.name for p in spec.prerequisites)
+
+    try:
+        resolved = await resolve_stack(spec, session.namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
+                                       ctx.settings.allow_operator_refs)
+    except RefError as err:
+        await session.write(st.Verdict("reconciling", st.RECONCILING_RETRY, f"waiting for a reference: {err}"))
+        return RETRY_REFS_SECONDS
+    await _recover_interrupted(session, spec, resolved)
+
+    poll = float(spec.resync_seconds) if spec.branch else None
+    try:
+        revision, handle = await _source_revision(session, spec, resolved)
+    except SourceError as err:
+        auth = any(s in str(err) for s in ("Authentication failed", "could not read Username", "403", "401"))
+        await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err),
+                            st.EVENT_GIT_AUTH_FAILURE if auth else None)
+        return poll if spec.project_repo else None
+
+    plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
+                      _now(), ctx.settings.stall_after_failures)
+    if plan.run is None:
+        await session.write(plan.verdict)
+        return plan.requeue_after
+
+    checks = []
+    for prereq in spec.prerequisites:
+        check = check_prerequisite(prereq, await ctx.kube.get_stack(session.namespace, prereq.name), _now())
+        if check.rerun_request:
+            other = await ctx.kube.get_stack(session.namespace, prereq.name) or {}
+            current = (other.get("metadata", {}).get("annotations") or {}).get(
+                "pulumi.com/reconciliation-request")
+            if current != check.rerun_request:
+                await ctx.kube.annotate_stack(session.namespace, prereq.name,
+                                              {"pulumi.com/reconciliation-request": check.rerun_request})
+        checks.append(check)
+    blocked = prerequisites_verdict(checks)
+    if blocked is not None:
+        await session.write(blocked)
+        return None
+
+    return await _run_update(session, spec, resolved, plan, revision, handle)
+
+
+async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                      handle: Any) -> float | None:
+    ctx = session.ctx
+    _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message)
+    run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
+                       generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
+                       started=_now(), host=HOST)
+    stack_dir = _stack_dir(ctx, session.namespace, session.name)
+    run_dir = stack_dir / "runs" / run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            project = await _materialise(spec, handle, run_dir / "src", resolved)
+        except (SourceError, SpecInvalid) as err:
+            await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err))
+            return float(spec.resync_seconds) if spec.project_repo else None
+        await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
+                            currentUpdate=st.current_update(run))
+        request = await _request(ctx, spec, session.namespace, session.name, project, resolved, run_dir, plan.message)
+        result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request))
+        metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
+        fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
+        if result.ok:
+            fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
+            if run.kind == "up":
+                fields["outputs"] = st.outputs_for_status(result.outputs)
+                _keep_last_successful(project, stack_dir / "last-successful")
+            _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
+        else:
+            conflict = result.outcome == "conflict"
+            reason = st.STALLED_CONFLICT if conflict else st.STALLED_UPDATE_FAILED
+            fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, result.message,
+                                                    result.permalink, _now())
+            _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
+                   f"Failed to update stack: {result.message}", warning=True)
+        after = plan_stack(spec, session.generation, session.requests, fields["lastUpdate"], revision, _now(),
+                           ctx.settings.stall_after_failures)
+        # The run just recorded answers the plan; if planning wants another run now (e.g. the cooldown is 0)
+        # come back immediately rather than writing a misleading verdict.
+        await session.write(after.verdict or st.Verdict("reconciling", st.RECONCILING_PROCESSING, after.message),
+                            **fields)
+        return 0.0 if after.run else after.requeue_after
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _keep_last_successful(project: Path, dest: Path) -> None:
+    """The project of the last successful update: what destroy uses when the source is gone."""
+    staging = dest.with_name(dest.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(project, staging, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)
+
+
+# --- Kopf wiring ------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+    options: OperatorSettings = memo.get("operator_settings") or OperatorSettings()
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="strata.pulumi.com")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="strata.pulumi.com")
+    settings.posting.level = 100  # only our explicit, redacted Events; never Kopf's log lines
+    settings.watching.server_timeout = 270
+    install_log_redaction()
+    kube = Kube.from_environment(options.kubeconfig)
+    memo.ctx = Context(kube=kube, engine=AutomationEngine(options.engine), settings=options)
+    options.engine.state_dir.mkdir(parents=True, exist_ok=True)
+    if options.metrics_port:
+        metrics.serve(options.metrics_port)
+    logger.info("strata operator started: concurrency %d, state in %s", options.engine.concurrency,
+                options.engine.state_dir)
+
+
+@kopf.on.probe(id="engine")
+def engine_ready(memo: kopf.Memo, **_: Any) -> bool:
+    return "ctx" in memo
+
+
+@kopf.daemon(GROUP, VERSION, "stacks", cancellation_timeout=10.0, initial_delay=0)
+async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, logger: Any,
+                       stopped: kopf.DaemonStopped, **_: Any) -> None:
+    ctx: Context = memo.ctx
+    watched = ctx.registry.stacks.setdefault((namespace, name), Watched())
+    metrics.STACKS_ACTIVE.inc()
+    try:
+        while not stopped:
+            watched.wakeup.clear()
+            try:
+                delay = await reconcile_stack(ctx, body, logger)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - a bug or API outage must not kill the daemon
+                logger.error("reconcile failed: %s", redact(f"{type(err).__name__}: {err}"))
+                delay = RETRY_REFS_SECONDS
+            if delay == 0.0:
+                continue
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(watched.wakeup.wait(), timeout=delay)
+    finally:
+        metrics.STACKS_ACTIVE.dec()
+        ctx.registry.stacks.pop((namespace, name), None)
+
+
+@kopf.on.event(GROUP, VERSION, "stacks")
+def stack_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    registry: Registry = memo.ctx.registry
+    registry.wake(namespace, name)
+    registry.wake_where(namespace, lambda w: name in w.prerequisites)
+
+
+@kopf.on.event(GROUP, VERSION, "programs")
+def program_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.ctx.registry.wake_where(namespace, lambda w: w.program == name)
+
+
+def _flux_changed(kind: str):
+    def handler(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+        memo.ctx.registry.wake_where(namespace, lambda w: w.flux == (kind, name))
+    return handler
+
+
+for _kind, _plural in (("GitRepository", "gitrepositories"), ("OCIRepository", "ocirepositories"),
+                       ("Bucket", "buckets")):
+    kopf.on.event(FLUX_GROUP, _plural, id=f"flux-{_plural}")(_flux_changed(_kind))
+
+
+@kopf.on.delete(GROUP, VERSION, "stacks")
+async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, logger: Any,
+                         retry: int, **_: Any) -> None:
+    """Destroy then `stack rm` with destroyOnFinalize; never destroy without it. Never stuck silently."""
+    ctx: Context = memo.ctx
+    session = StackSession(ctx, body, logger)
+    try:
+        spec: StackSpec | None = parse_stack_spec(dict(body.get("spec") or {}), namespace)
+    except SpecInvalid:
+        spec = None
+    decision = plan_finalize(spec)
+    stack_dir = _stack_dir(ctx, namespace, name)
+    metrics.forget(namespace, name)
+    if not decision.destroy or spec is None:
+        logger.info("releasing stack without destroy: %s", decision.message)
+        shutil.rmtree(stack_dir, ignore_errors=True)
+        return
+    try:
+        resolved = await resolve_stack(spec, namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
+                                       ctx.settings.allow_operator_refs)
+    except RefError as err:
+        await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
+        raise kopf.TemporaryError(redact(str(err)), delay=RETRY_REFS_SECONDS) from None
+    await _recover_interrupted(session, spec, resolved)
+    work = stack_dir / "runs" / f"destroy-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            _, handle = await _source_revision(session, spec, resolved)
+            project = await _materialise(spec, handle, work / "src", resolved)
+        except (SourceError, SpecInvalid) as err:
+            project = stack_dir / "last-successful"
+            if not project.is_dir():
+                message = (f"cannot destroy: the source is unavailable ({err}) and no successful update left a "
+                           f"copy of the program; restore the source, or remove the finalizer {FINALIZER} to "
+                           "abandon the stack's resources")
+                await session.stall(st.STALLED_DESTROY_BLOCKED, message, st.EVENT_UPDATE_FAILURE)
+                raise kopf.TemporaryError(redact(message), delay=60) from None
+            logger.info("source unavailable; destroying from the last successful update's program")
+        _event(body, st.EVENT_UPDATE_DETECTED, decision.message)
+        request = await _request(ctx, spec, namespace, name, project, resolved, work, "destroy on finalize")
+        result = await ctx.engine.destroy(request)
+        metrics.UPDATE_DURATION.labels("destroy", result.outcome).observe(result.duration)
+        if result.ok:
+            result = await ctx.engine.remove_stack(request)
+        if not result.ok:
+            message = f"destroy failed: {result.message}"
+            _event(body, st.EVENT_UPDATE_FAILURE, message, warning=True)
+            await session.write(st.Verdict("reconciling", st.RECONCILING_RETRY, message))
+            raise kopf.TemporaryError(redact(message), delay=min(600, 10 * 3 ** min(retry, 4)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(stack_dir, ignore_errors=True)

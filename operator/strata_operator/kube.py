@@ -1,0 +1,110 @@
+"""The few Kubernetes API calls the handlers make, off the event loop (the client is synchronous)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+from typing import Any
+
+import kubernetes
+import yaml
+from kubernetes.client.rest import ApiException
+
+from . import GROUP, VERSION
+
+FLUX_GROUP = "source.toolkit.fluxcd.io"
+FLUX_PLURALS = {"GitRepository": "gitrepositories", "OCIRepository": "ocirepositories", "Bucket": "buckets"}
+
+
+def _absent(err: ApiException) -> bool:
+    return err.status == 404
+
+
+@dataclasses.dataclass
+class Kube:
+    api: kubernetes.client.ApiClient
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None) -> "Kube":
+        """In-cluster ServiceAccount credentials when running in a pod, otherwise the kubeconfig."""
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        return cls(kubernetes.client.ApiClient(configuration))
+
+    async def _call(self, fn, *args, **kwargs) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict | None:
+        try:
+            return await self._call(kubernetes.client.CustomObjectsApi(self.api).get_namespaced_custom_object,
+                                    group, version, plural, namespace, name)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+
+    async def get_program(self, namespace: str, name: str) -> dict | None:
+        return await self.get_custom(GROUP, VERSION, "programs", namespace, name)
+
+    async def get_stack(self, namespace: str, name: str) -> dict | None:
+        return await self.get_custom(GROUP, VERSION, "stacks", namespace, name)
+
+    async def get_flux_source(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        version = api_version.split("/", 1)[1]
+        return await self.get_custom(FLUX_GROUP, version, FLUX_PLURALS[kind], namespace, name)
+
+    async def patch_stack_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status,
+                             GROUP, VERSION, "stacks", namespace, name, {"status": status})
+        except ApiException as err:
+            if not _absent(err):
+                raise
+
+    async def annotate_stack(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object,
+                         GROUP, VERSION, "stacks", namespace, name, {"metadata": {"annotations": annotations}})
+
+    async def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            secret = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_secret, name, namespace)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    async def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        try:
+            cm = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_config_map, name, namespace)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+        return dict(cm.data or {})
+
+    async def service_account_kubeconfig(self, namespace: str, name: str, seconds: int = 3600) -> tuple[str, str]:
+        """(kubeconfig YAML, token) for a short-lived TokenRequest token of ServiceAccount `name`."""
+        request = kubernetes.client.AuthenticationV1TokenRequest(
+            spec=kubernetes.client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds))
+        response = await self._call(kubernetes.client.CoreV1Api(self.api).create_namespaced_service_account_token,
+                                    name, namespace, request)
+        token = response.status.token
+        conf = self.api.configuration
+        cluster: dict[str, Any] = {"server": conf.host}
+        if conf.ssl_ca_cert:
+            with open(conf.ssl_ca_cert, "rb") as ca:
+                cluster["certificate-authority-data"] = base64.b64encode(ca.read()).decode()
+        elif not conf.verify_ssl:
+            cluster["insecure-skip-tls-verify"] = True
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "stack",
+            "clusters": [{"name": "cluster", "cluster": cluster}],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": "stack", "context": {"cluster": "cluster", "user": name, "namespace": namespace}}],
+        }
+        return yaml.safe_dump(config), token

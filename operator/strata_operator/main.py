@@ -1,0 +1,64 @@
+"""Entry points: `strata operator run` (host process) and `python -m strata_operator` (container)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
+from .planning import DEFAULT_STALL_AFTER_FAILURES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strata operator run", description="Run the Strata operator (pulumi.com/v1 "
+                                "Stacks and Programs) against the cluster in KUBECONFIG or in-cluster credentials.")
+    p.add_argument("--namespace", "-n", action="append", default=[],
+                   help="watch only this namespace (repeatable); default: all namespaces")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="kubeconfig file (default: $KUBECONFIG)")
+    p.add_argument("--pulumi", default=os.environ.get("STRATA_PULUMI", ""),
+                   help="path to the pulumi CLI (default: found on PATH)")
+    p.add_argument("--plugin-dir", action="append", default=[],
+                   help="directory with language hosts/plugins to put on the updates' PATH (repeatable)")
+    p.add_argument("--state-dir", type=Path,
+                   default=Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator")),
+                   help="where per-Stack workdirs and PULUMI_HOMEs live")
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="maximum concurrent updates")
+    p.add_argument("--update-timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, help="seconds per engine run")
+    p.add_argument("--stall-after-failures", type=int, default=DEFAULT_STALL_AFTER_FAILURES,
+                   help="consecutive failures after which a Stack is Stalled/UpdateFailed until it changes")
+    p.add_argument("--no-operator-refs", action="store_true",
+                   help="reject Env and FS refs (they read the operator's own environment and files)")
+    p.add_argument("--metrics-port", type=int, default=8383, help="Prometheus metrics port (0: off)")
+    p.add_argument("--health-port", type=int, default=8384, help="liveness/readiness port (0: off)")
+    p.add_argument("--verbose", "-v", action="store_true")
+    return p
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (without the program name) and run the operator until interrupted."""
+    import kopf
+
+    from . import handlers  # noqa: F401 - importing registers the Kopf handlers
+    from .handlers import OperatorSettings
+
+    args = build_parser().parse_args(argv)
+    if args.concurrency < 1:
+        raise SystemExit("--concurrency must be at least 1")
+    if args.kubeconfig:
+        # Kopf's own login reads KUBECONFIG too; keep one source of truth.
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = OperatorSettings(
+        engine=EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
+                              timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir)),
+        stall_after_failures=args.stall_after_failures, allow_operator_refs=not args.no_operator_refs,
+        metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
+    kopf.run(
+        clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+        memo=kopf.Memo(operator_settings=settings))
+    return 0

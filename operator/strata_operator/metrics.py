@@ -1,0 +1,35 @@
+"""Prometheus metrics on their own registry and port: stacks_active, stacks_failing, update durations."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest, start_http_server
+
+REGISTRY = CollectorRegistry()
+STACKS_ACTIVE = Gauge("stacks_active", "Stacks the operator is managing", registry=REGISTRY)
+STACKS_FAILING = Gauge("stacks_failing", "1 while a Stack's last update failed or it is stalled",
+                       ["namespace", "name"], registry=REGISTRY)
+UPDATE_DURATION = Histogram("stack_update_duration_seconds", "Duration of engine operations",
+                            ["operation", "outcome"], registry=REGISTRY,
+                            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
+
+
+def mark_failing(namespace: str, name: str, failing: bool) -> None:
+    if failing:
+        STACKS_FAILING.labels(namespace, name).set(1)
+    else:
+        forget(namespace, name)
+
+
+def forget(namespace: str, name: str) -> None:
+    try:
+        STACKS_FAILING.remove(namespace, name)
+    except KeyError:
+        pass
+
+
+def serve(port: int, address: str = "0.0.0.0") -> None:
+    start_http_server(port, addr=address, registry=REGISTRY)
+
+
+def render() -> str:
+    return generate_latest(REGISTRY).decode()

@@ -1,0 +1,164 @@
+"""What to do with a Stack now: run the engine, or why not and when to look again (pure).
+
+Everything here is a function of the spec, the object's metadata and status, the source revision the
+handler resolved, and the time. Nothing runs unless something changed: a new generation, a new
+source revision (commit, branch head, artifact, Program generation), a reconcile request
+(`pulumi.com/reconciliation-request` or Flux's `reconcile.fluxcd.io/requestedAt`), the resync
+period with `continueResyncOnCommitMatch`, or the end of a failure cooldown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+from typing import Any, Literal
+
+from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
+from .backoff import cooldown_seconds
+from .spec import Prerequisite, StackSpec, parse_duration
+from .status import (FAILED, RECONCILING_PREREQUISITE, RECONCILING_RETRY, STALLED_CONFLICT,
+                     STALLED_UPDATE_FAILED, SUCCEEDED, Verdict, parse_time)
+
+DEFAULT_STALL_AFTER_FAILURES = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Requests:
+    """The reconcile-request annotations, and which of them were already handled."""
+
+    pulumi: str = ""
+    flux: str = ""
+    flux_handled: str = ""
+
+    @classmethod
+    def of(cls, annotations: dict[str, str] | None, status: dict[str, Any] | None) -> "Requests":
+        annotations = annotations or {}
+        return cls(pulumi=annotations.get(RECONCILE_REQUEST_ANNOTATION, ""),
+                   flux=annotations.get(FLUX_REQUESTED_AT_ANNOTATION, ""),
+                   flux_handled=(status or {}).get("lastHandledReconcileAt", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Either `run` (with the StackUpdateDetected message) or a verdict and when to look again."""
+
+    run: Literal["up", "preview", "destroy"] | None
+    message: str
+    verdict: Verdict | None = None
+    requeue_after: float | None = None
+
+
+def _elapsed(since: str | None, now: datetime) -> float:
+    moment = parse_time(since)
+    return float("inf") if moment is None else (now - moment).total_seconds()
+
+
+def _soonest(*delays: float | None) -> float | None:
+    present = [max(1.0, d) for d in delays if d is not None]
+    return min(present) if present else None
+
+
+def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[str, Any] | None,
+               revision: str, now: datetime,
+               stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES) -> Plan:
+    """Decide for a live (not deleting) Stack whose source resolved to `revision`."""
+    kind: Literal["up", "preview"] = "preview" if spec.preview else "up"
+    # Branch heads are polled with ls-remote every resync period; other sources notify by watch.
+    poll = float(spec.resync_seconds) if spec.branch else None
+    if not last:
+        return Plan(kind, "Initial stack update")
+    if last.get("generation") != generation:
+        return Plan(kind, f"New stack generation: {generation}")
+    if last.get("reconcileRequest", "") != requests.pulumi:
+        return Plan(kind, f"Sync request: {requests.pulumi!r}")
+    if requests.flux and requests.flux != requests.flux_handled:
+        return Plan(kind, f"Reconcile requested at {requests.flux}")
+    since_last = _elapsed(last.get("lastResyncTime"), now)
+
+    if last.get("state") == SUCCEEDED:
+        if last.get("lastSuccessfulCommit", "") != revision:
+            return Plan(kind, f"New commit detected: {revision!r}")
+        resync = None
+        if spec.continue_resync_on_commit_match:
+            if since_last >= spec.resync_seconds:
+                return Plan(kind, f"Resync time elapsed: {spec.resync_seconds}s")
+            resync = spec.resync_seconds - since_last
+        return Plan(None, "", Verdict("ready"), _soonest(poll, resync))
+
+    if last.get("state") == FAILED:
+        if last.get("lastAttemptedCommit", "") != revision:
+            return Plan(kind, f"New commit detected: {revision!r}")
+        failures = int(last.get("failures", 1))
+        message = last.get("message", "") or "update failed"
+        if last.get("reason") == STALLED_CONFLICT and not spec.retry_on_update_conflict:
+            return Plan(None, "", Verdict("stalled", STALLED_CONFLICT,
+                                          "another update holds the stack's lock; set retryOnUpdateConflict "
+                                          "to retry, or change the spec or source"), poll)
+        if failures >= stall_after_failures:
+            return Plan(None, "", Verdict("stalled", STALLED_UPDATE_FAILED,
+                                          f"{failures} consecutive update failures; waiting for a spec or source "
+                                          f"change: {message}"), poll)
+        wait = cooldown_seconds(failures, spec.retry_max_backoff_duration_seconds)
+        if since_last >= wait:
+            return Plan(kind, f"Backoff time elapsed: {wait:g}s")
+        return Plan(None, "", Verdict("reconciling", RECONCILING_RETRY, f"{failures} update failure(s): {message}"),
+                    _soonest(poll, wait - since_last))
+
+    # An unknown state (hand-edited status): run, rather than sit silently.
+    return Plan(kind, f"Unrecognised last update state {last.get('state')!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrerequisiteCheck:
+    name: str
+    problem: str | None
+    # When set, the prerequisite is stale: annotate it with this reconcile request to re-run it.
+    rerun_request: str | None = None
+
+
+def check_prerequisite(prereq: Prerequisite, other: dict[str, Any] | None, now: datetime) -> PrerequisiteCheck:
+    """PKO semantics: the other Stack must have run its current generation and request, and succeeded
+    (within `succeededWithinDuration` if given)."""
+    if other is None:
+        return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} not found")
+    meta = other.get("metadata", {})
+    last = (other.get("status") or {}).get("lastUpdate") or {}
+    request = (meta.get("annotations") or {}).get(RECONCILE_REQUEST_ANNOTATION, "")
+    if not last or last.get("generation") != meta.get("generation") or last.get("reconcileRequest", "") != request:
+        return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} has not run to completion")
+    if last.get("state") != SUCCEEDED:
+        return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} failed")
+    within = prereq.requirement.succeeded_within_duration if prereq.requirement else None
+    if within is not None and _elapsed(last.get("lastResyncTime"), now) > parse_duration(within):
+        return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} is out of date (older than {within})",
+                                 rerun_request=f"after-{last.get('name', '')}")
+    return PrerequisiteCheck(prereq.name, None)
+
+
+def prerequisites_verdict(checks: list[PrerequisiteCheck]) -> Verdict | None:
+    """None when all are satisfied; otherwise Reconciling/PrerequisiteNotSatisfied naming them."""
+    failing = [c for c in checks if c.problem]
+    if not failing:
+        return None
+    if len(failing) == 1:
+        message = failing[0].problem or ""
+    else:
+        message = "multiple prerequisites were not satisfied: " + ", ".join(c.name for c in failing)
+    return Verdict("reconciling", RECONCILING_PREREQUISITE, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalizePlan:
+    destroy: bool
+    message: str
+
+
+def plan_finalize(spec: StackSpec | None) -> FinalizePlan:
+    """On deletion: destroy (then `stack rm`) only with destroyOnFinalize; a preview Stack owns nothing."""
+    if spec is None:
+        return FinalizePlan(False, "spec is invalid; releasing without destroy")
+    if not spec.destroy_on_finalize:
+        return FinalizePlan(False, "destroyOnFinalize is not set; the stack's resources are kept")
+    if spec.preview:
+        return FinalizePlan(False, "preview stacks create no resources")
+    return FinalizePlan(True, "Stack marked for deletion")

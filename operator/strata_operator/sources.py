@@ -1,0 +1,272 @@
+"""Where a Stack's program comes from: a Program object, a git repository, or a Flux artifact.
+
+Each source materialises a Pulumi project into a fresh directory and reports a revision (what
+`lastUpdate.lastAttemptedCommit` records). Flux artifacts are downloaded with a timeout and a size
+cap, checked against `status.artifact.digest` and unpacked refusing links or paths that leave the
+destination and archives that expand beyond a cap. Git credentials reach git through its
+environment (extra header, askpass, key file), never through argv or the URL.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import os
+import posixpath
+import shlex
+import subprocess
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .redaction import REDACTOR, redact
+from .spec import parse_program
+
+DEFAULT_MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
+DEFAULT_MAX_MEMBERS = 100_000
+DEFAULT_FETCH_TIMEOUT = 60.0
+DIGEST_ALGORITHMS = ("sha256", "sha384", "sha512")
+
+
+class SourceError(Exception):
+    """The source cannot be fetched now (reported as Stalled/SourceUnavailable); message is redacted."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
+
+
+class UnsafeArchive(SourceError):
+    """The artifact would write outside its destination, or is larger than allowed."""
+
+
+# --- Program ----------------------------------------------------------------------------------
+
+
+def program_revision(program: dict[str, Any]) -> str:
+    meta = program.get("metadata", {})
+    return f"{meta.get('name', '')}/{meta.get('generation', 0)}"
+
+
+def write_program_project(program: dict[str, Any], dest: Path) -> None:
+    """A Program object as a Pulumi YAML project (Pulumi.yaml) in `dest`."""
+    body = parse_program(program.get("program"))
+    project: dict[str, Any] = {"name": program["metadata"]["name"], "runtime": "yaml"}
+    for section in ("configuration", "variables", "resources", "outputs"):
+        value = getattr(body, section)
+        if value:
+            # `configuration` (String, Number, List<String>) is Pulumi YAML's program-level config block;
+            # the project-level `config` block has a different, lowercase type schema.
+            project[section] = value
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+
+
+# --- Git --------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GitCredentials:
+    """Resolved credentials; exactly one mode is used (ssh key, then token, then basic auth, as PKO)."""
+
+    token: str = ""
+    username: str = ""
+    password: str = ""
+    ssh_private_key: str = ""
+    ssh_passphrase: str = ""
+
+    def register_secrets(self) -> None:
+        REDACTOR.add(self.token, self.password, self.ssh_private_key, self.ssh_passphrase)
+
+
+def _git_env(creds: GitCredentials | None, scratch: Path) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(scratch),
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_ASKPASS": "/bin/false",
+        "SSH_ASKPASS": "/bin/false",
+    }
+    if creds is None:
+        return env
+    if creds.ssh_private_key:
+        key = scratch / "id_key"
+        key.write_text(creds.ssh_private_key.rstrip("\n") + "\n")
+        key.chmod(0o600)
+        command = ["ssh", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=accept-new",
+                   "-o", f"UserKnownHostsFile={scratch / 'known_hosts'}", "-o", "BatchMode=no"]
+        env["GIT_SSH_COMMAND"] = shlex.join(command)
+        if creds.ssh_passphrase:
+            # ssh asks SSH_ASKPASS for the key's passphrase; the script echoes it from the environment.
+            askpass = scratch / "askpass"
+            askpass.write_text('#!/bin/sh\nprintf "%s\\n" "$STRATA_SSH_PASSPHRASE"\n')
+            askpass.chmod(0o700)
+            env.update(SSH_ASKPASS=str(askpass), SSH_ASKPASS_REQUIRE="force", DISPLAY=":0",
+                       STRATA_SSH_PASSPHRASE=creds.ssh_passphrase)
+        return env
+    if creds.token:
+        user, password = "git", creds.token
+    elif creds.username or creds.password:
+        user, password = creds.username, creds.password
+    else:
+        return env
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    REDACTOR.add(basic)
+    env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
+               GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}")
+    return env
+
+
+def _run_git(args: list[str], env: dict[str, str], cwd: Path | None, timeout: float) -> str:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SourceError(f"git {args[0]} timed out after {timeout:g}s") from None
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()
+        raise SourceError(f"git {args[0]} failed: {detail[-1] if detail else f'exit {done.returncode}'}")
+    return done.stdout
+
+
+def _branch_ref(branch: str) -> str:
+    return branch if branch.startswith("refs/") else f"refs/heads/{branch}"
+
+
+def git_branch_head(url: str, branch: str, creds: GitCredentials | None,
+                    timeout: float = DEFAULT_FETCH_TIMEOUT) -> str:
+    """The commit a branch points at, via `git ls-remote` (no clone)."""
+    ref = _branch_ref(branch)
+    with tempfile.TemporaryDirectory(prefix="strata-git-") as scratch:
+        out = _run_git(["ls-remote", "--", url, ref], _git_env(creds, Path(scratch)), None, timeout)
+    for line in out.splitlines():
+        sha, _, name = line.partition("\t")
+        if name == ref:
+            return sha
+    raise SourceError(f"branch {branch!r} not found in {url}")
+
+
+def git_checkout(url: str, commit: str, dest: Path, creds: GitCredentials | None,
+                 timeout: float = DEFAULT_FETCH_TIMEOUT) -> str:
+    """Fetch exactly `commit` (shallow) into `dest`; returns the full SHA checked out."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="strata-git-") as scratch:
+        env = _git_env(creds, Path(scratch))
+        _run_git(["init", "--quiet", "."], env, dest, timeout)
+        _run_git(["remote", "add", "origin", url], env, dest, timeout)
+        try:
+            _run_git(["fetch", "--quiet", "--depth=1", "origin", commit], env, dest, timeout)
+        except SourceError:
+            # Abbreviated SHAs, or servers refusing to serve an unadvertised object: fetch every
+            # branch and tag, then resolve the commit locally.
+            _run_git(["fetch", "--quiet", "origin", "+refs/heads/*:refs/remotes/origin/*", "+refs/tags/*:refs/tags/*"],
+                     env, dest, timeout)
+        _run_git(["-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", commit], env, dest, timeout)
+        return _run_git(["rev-parse", "HEAD"], env, dest, timeout).strip()
+
+
+# --- Flux artifacts ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FluxArtifact:
+    url: str
+    revision: str
+    digest: str
+
+
+def flux_artifact(source: dict[str, Any]) -> FluxArtifact:
+    """The artifact of a Flux source that is Ready=True; SourceError saying what is missing otherwise."""
+    kind = source.get("kind", "source")
+    name = source.get("metadata", {}).get("name", "")
+    status = source.get("status") or {}
+    ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
+    if ready is None or ready.get("status") != "True":
+        why = (ready or {}).get("message") or "no Ready condition yet"
+        raise SourceError(f"{kind} {name!r} is not Ready: {why}")
+    artifact = status.get("artifact")
+    if not artifact or not artifact.get("url"):
+        raise SourceError(f"{kind} {name!r} has no artifact")
+    # Flux before v1 published a bare sha256 hex in `checksum`.
+    digest = artifact.get("digest") or (f"sha256:{artifact['checksum']}" if artifact.get("checksum") else "")
+    if not digest:
+        raise SourceError(f"{kind} {name!r} artifact has no digest to verify")
+    return FluxArtifact(artifact["url"], artifact.get("revision", ""), digest)
+
+
+def download_artifact(artifact: FluxArtifact, dest_file: Path, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+                      timeout: float = DEFAULT_FETCH_TIMEOUT) -> None:
+    """Stream the artifact to `dest_file`, refusing more than `max_bytes`, and verify its digest."""
+    algorithm, _, expected = artifact.digest.partition(":")
+    if algorithm not in DIGEST_ALGORITHMS or not expected:
+        raise SourceError(f"unsupported artifact digest {artifact.digest!r}; expected one of {DIGEST_ALGORITHMS}")
+    hasher = hashlib.new(algorithm)
+    size = 0
+    try:
+        with urllib.request.urlopen(artifact.url, timeout=timeout) as response, dest_file.open("wb") as out:
+            while chunk := response.read(1 << 16):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise UnsafeArchive(f"artifact is larger than the {max_bytes} byte limit")
+                hasher.update(chunk)
+                out.write(chunk)
+    except OSError as err:
+        raise SourceError(f"artifact download from {artifact.url} failed: {err}") from None
+    if hasher.hexdigest() != expected.lower():
+        raise SourceError(f"artifact digest mismatch: expected {artifact.digest}, got {algorithm}:{hasher.hexdigest()}")
+
+
+def _inside(root: Path, candidate: str) -> bool:
+    resolved = os.path.realpath(os.path.join(root, candidate))
+    return resolved == str(root) or resolved.startswith(str(root) + os.sep)
+
+
+def safe_extract(archive: Path, dest: Path, max_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
+                 max_members: int = DEFAULT_MAX_MEMBERS) -> None:
+    """Unpack a (gzipped) tarball into `dest`, refusing absolute or escaping paths, links that point
+    outside `dest`, device files, and archives that expand past `max_bytes` or `max_members`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    root = Path(os.path.realpath(dest))
+    total = 0
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > max_members:
+                    raise UnsafeArchive(f"archive has more than {max_members} entries")
+                name = member.name
+                if name.startswith("/") or ".." in Path(name).parts:
+                    raise UnsafeArchive(f"archive entry {name!r} escapes the destination")
+                if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+                    raise UnsafeArchive(f"archive entry {name!r} is a device or fifo")
+                # The parent must resolve inside root: an earlier symlink could point the write elsewhere.
+                if not _inside(root, posixpath.dirname(name) or "."):
+                    raise UnsafeArchive(f"archive entry {name!r} is written through a link outside the destination")
+                if member.issym():
+                    target = posixpath.join(posixpath.dirname(name), member.linkname)
+                    if member.linkname.startswith("/") or not _inside(root, target):
+                        raise UnsafeArchive(f"archive link {name!r} -> {member.linkname!r} points outside")
+                if member.islnk() and not _inside(root, member.linkname):
+                    raise UnsafeArchive(f"archive hard link {name!r} -> {member.linkname!r} points outside")
+                total += max(member.size, 0)
+                if total > max_bytes:
+                    raise UnsafeArchive(f"archive expands beyond the {max_bytes} byte limit")
+                member.mode = (member.mode or 0o644) & 0o755
+                tar.extract(member, root, set_attrs=member.isfile() or member.isdir(), filter="tar")
+    except tarfile.TarError as err:
+        raise SourceError(f"artifact is not a readable tarball: {err}") from None
+
+
+def subdir(root: Path, relative: str, field: str) -> Path:
+    """`relative` inside `root`, which must exist and hold Pulumi.yaml; SourceError naming `field` if not."""
+    target = Path(os.path.realpath(root / relative)) if relative else root
+    if not _inside(Path(os.path.realpath(root)), str(target)):
+        raise SourceError(f"{field} {relative!r} leaves the source")
+    if not (target / "Pulumi.yaml").is_file() and not (target / "Pulumi.yml").is_file():
+        where = f"{field} {relative!r}" if relative else "the root of the source"
+        raise SourceError(f"no Pulumi.yaml in {where}")
+    return target

@@ -1,0 +1,435 @@
+"""The Stack and Program APIs (`pulumi.com/v1`) as typed models, with validation that names the field.
+
+Field names, nesting and defaults follow the Pulumi Kubernetes Operator: every v1 field, and the
+v2 fields applied unchanged. `parse_stack_spec` turns a `.spec` dict into a `StackSpec` or raises
+`SpecInvalid` whose issues each name the field path (``spec.gitAuth.basicAuth.password``) and the
+fix. The CRD schema rejects most of these up front; this is the same contract for whatever gets
+past it (older CRDs, `x-kubernetes-preserve-unknown-fields` parts, cross-field rules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# Fields PKO v2 accepts that describe its pod-per-workspace machinery. They have no meaning for
+# how Strata runs updates; they are accepted and reported once as an Event.
+NOT_APPLICABLE_FIELDS = ("workspaceTemplate", "workspaceReclaimPolicy", "updateTemplate")
+MIN_RESYNC_SECONDS = 60
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_STACK_NAME = re.compile(r"^(?:[A-Za-z0-9_.-]+/){0,2}[A-Za-z0-9_.-]+$")
+_CONFIG_KEY = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?[A-Za-z0-9_.\-\[\]\"]+$")
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_GO_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+$")
+_GO_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_REPO_URL = re.compile(r"^(?:(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+)$")
+FLUX_SOURCE_KINDS = ("GitRepository", "OCIRepository", "Bucket")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class LiteralRef(_Model):
+    value: str
+
+
+class EnvSelector(_Model):
+    name: str
+
+
+class FSSelector(_Model):
+    path: str
+
+
+class SecretSelector(_Model):
+    name: str
+    key: str
+    namespace: str = ""
+
+
+class ResourceRef(_Model):
+    """Where a value comes from: a literal, a Secret key, or the operator's env or filesystem."""
+
+    type: Literal["Literal", "Secret", "Env", "FS"]
+    literal: LiteralRef | None = None
+    secret: SecretSelector | None = None
+    env: EnvSelector | None = None
+    filesystem: FSSelector | None = None
+
+
+class ConfigMapRef(_Model):
+    name: str
+    key: str
+    json_: bool = Field(default=False, alias="json")
+
+
+class BasicAuth(_Model):
+    user_name: ResourceRef = Field(alias="userName")
+    password: ResourceRef
+
+
+class SSHAuth(_Model):
+    ssh_private_key: ResourceRef = Field(alias="sshPrivateKey")
+    password: ResourceRef | None = None
+
+
+class GitAuth(_Model):
+    access_token: ResourceRef | None = Field(default=None, alias="accessToken")
+    ssh_auth: SSHAuth | None = Field(default=None, alias="sshAuth")
+    basic_auth: BasicAuth | None = Field(default=None, alias="basicAuth")
+
+
+class FluxSourceRef(_Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: str
+    name: str
+
+
+class FluxSource(_Model):
+    source_ref: FluxSourceRef = Field(alias="sourceRef")
+    dir: str = ""
+
+
+class ProgramRef(_Model):
+    name: str
+
+
+class Requirement(_Model):
+    succeeded_within_duration: str | None = Field(default=None, alias="succeededWithinDuration")
+
+
+class Prerequisite(_Model):
+    name: str
+    requirement: Requirement | None = None
+
+
+class StackSpec(_Model):
+    """`Stack.spec`: PKO v1 fields plus the v2 fields Strata honours or accepts."""
+
+    stack: str
+    backend: str = ""
+    secrets_provider: str = Field(default="", alias="secretsProvider")
+    use_local_stack_only: bool = Field(default=False, alias="useLocalStackOnly")
+    # git source
+    project_repo: str = Field(default="", alias="projectRepo")
+    commit: str = ""
+    branch: str = ""
+    repo_dir: str = Field(default="", alias="repoDir")
+    git_auth: GitAuth | None = Field(default=None, alias="gitAuth")
+    git_auth_secret: str = Field(default="", alias="gitAuthSecret")
+    shallow: bool = False
+    # other sources
+    flux_source: FluxSource | None = Field(default=None, alias="fluxSource")
+    program_ref: ProgramRef | None = Field(default=None, alias="programRef")
+    # environment and config
+    env_refs: dict[str, ResourceRef] = Field(default_factory=dict, alias="envRefs")
+    envs: list[str] = Field(default_factory=list)
+    env_secrets: list[str] = Field(default_factory=list, alias="envSecrets")
+    access_token_secret: str = Field(default="", alias="accessTokenSecret")
+    config: dict[str, Any] = Field(default_factory=dict)
+    config_ref: dict[str, ConfigMapRef] = Field(default_factory=dict, alias="configRef")
+    secrets_ref: dict[str, ResourceRef] = Field(default_factory=dict, alias="secretsRef")
+    secrets: dict[str, str] = Field(default_factory=dict)
+    environment: list[str] = Field(default_factory=list)
+    # lifecycle
+    refresh: bool = False
+    expect_no_refresh_changes: bool = Field(default=False, alias="expectNoRefreshChanges")
+    targets: list[str] = Field(default_factory=list)
+    target_dependents: bool = Field(default=False, alias="targetDependents")
+    prerequisites: list[Prerequisite] = Field(default_factory=list)
+    continue_resync_on_commit_match: bool = Field(default=False, alias="continueResyncOnCommitMatch")
+    resync_frequency_seconds: int = Field(default=0, alias="resyncFrequencySeconds")
+    destroy_on_finalize: bool = Field(default=False, alias="destroyOnFinalize")
+    retry_on_update_conflict: bool = Field(default=False, alias="retryOnUpdateConflict")
+    retry_max_backoff_duration_seconds: int = Field(default=0, alias="retryMaxBackoffDurationSeconds")
+    preview: bool = False
+    service_account_name: str = Field(default="", alias="serviceAccountName")
+    # accepted, not applicable (see NOT_APPLICABLE_FIELDS)
+    workspace_template: dict[str, Any] | None = Field(default=None, alias="workspaceTemplate")
+    workspace_reclaim_policy: str = Field(default="", alias="workspaceReclaimPolicy")
+    update_template: dict[str, Any] | None = Field(default=None, alias="updateTemplate")
+
+    @property
+    def source_kind(self) -> Literal["git", "flux", "program"]:
+        if self.program_ref is not None:
+            return "program"
+        if self.flux_source is not None:
+            return "flux"
+        return "git"
+
+    @property
+    def resync_seconds(self) -> int:
+        """PKO semantics: unset or below the minimum means the minimum."""
+        return max(self.resync_frequency_seconds, MIN_RESYNC_SECONDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecIssue:
+    path: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem} (fix: {self.fix})"
+
+
+class SpecInvalid(Exception):
+    """The spec cannot be processed as written; every issue names its field and the fix."""
+
+    def __init__(self, issues: list[SpecIssue]):
+        self.issues = issues
+        super().__init__("; ".join(str(i) for i in issues))
+
+    @property
+    def fields(self) -> list[str]:
+        return [i.path for i in self.issues]
+
+
+def parse_duration(text: str) -> float:
+    """A Go `time.Duration` string ("90s", "1h30m") in seconds; ValueError if malformed."""
+    if not _GO_DURATION.match(text):
+        raise ValueError(text)
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in _GO_DURATION_PART.findall(text))
+
+
+def _json_path(root: str, loc: tuple[Any, ...]) -> str:
+    """Pydantic locations (aliases, list indexes) as a JSON path such as spec.prerequisites[0].name."""
+    parts = [root]
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] += f"[{item}]"
+        else:
+            parts.append(str(item))
+    return ".".join(parts)
+
+
+_PYDANTIC_FIXES = {
+    "missing": "set this required field",
+    "extra_forbidden": "remove this field; it is not part of the Stack API (check its spelling)",
+    "literal_error": "use one of the allowed values",
+    "bool_type": "use true or false",
+    "bool_parsing": "use true or false",
+    "int_type": "use a whole number",
+    "int_parsing": "use a whole number",
+    "string_type": "use a string",
+    "dict_type": "use a map of key: value",
+    "list_type": "use a list",
+    "model_type": "use an object with the documented fields",
+}
+
+
+def _pydantic_issues(err: ValidationError) -> list[SpecIssue]:
+    issues = []
+    for e in err.errors(include_url=False, include_input=False):
+        path = _json_path("spec", e["loc"])
+        issues.append(SpecIssue(path, e["msg"], _PYDANTIC_FIXES.get(e["type"], "correct the value")))
+    return issues
+
+
+def _ref_issues(path: str, ref: ResourceRef, namespace: str) -> list[SpecIssue]:
+    selector = {"Literal": "literal", "Secret": "secret", "Env": "env", "FS": "filesystem"}[ref.type]
+    present = [k for k in ("literal", "secret", "env", "filesystem") if getattr(ref, k) is not None]
+    issues = []
+    if selector not in present:
+        issues.append(SpecIssue(f"{path}.{selector}", f"type is {ref.type!r} but {selector!r} is missing",
+                                f"add {selector}: {{...}} or change type"))
+    extra = [k for k in present if k != selector]
+    if extra:
+        issues.append(SpecIssue(f"{path}.{extra[0]}", f"{extra[0]!r} does not match type {ref.type!r}",
+                                f"remove {extra[0]!r} or set type accordingly"))
+    if ref.secret is not None:
+        if not ref.secret.name or not _DNS_NAME.match(ref.secret.name):
+            issues.append(SpecIssue(f"{path}.secret.name", "not a valid Secret name",
+                                    "use the name of a Secret in the Stack's namespace"))
+        if not ref.secret.key:
+            issues.append(SpecIssue(f"{path}.secret.key", "empty key", "name a key of the Secret"))
+        if ref.secret.namespace and ref.secret.namespace != namespace:
+            issues.append(SpecIssue(f"{path}.secret.namespace", "cross-namespace refs are not allowed",
+                                    f"remove namespace or set it to {namespace!r}"))
+    if ref.env is not None and not _ENV_NAME.match(ref.env.name):
+        issues.append(SpecIssue(f"{path}.env.name", "not an environment variable name",
+                                "use letters, digits and underscores"))
+    if ref.filesystem is not None and not ref.filesystem.path.startswith("/"):
+        issues.append(SpecIssue(f"{path}.filesystem.path", "not an absolute path", "use an absolute path"))
+    return issues
+
+
+def _relative_dir_issue(path: str, value: str) -> list[SpecIssue]:
+    if value.startswith("/") or ".." in value.split("/"):
+        return [SpecIssue(path, "must be a relative path inside the source", "remove leading '/' and '..'")]
+    return []
+
+
+def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
+    issues: list[SpecIssue] = []
+    if not _STACK_NAME.match(spec.stack):
+        issues.append(SpecIssue("spec.stack", f"{spec.stack!r} is not a stack name",
+                                "use <stack>, <org>/<stack> or <org>/<project>/<stack>"))
+    git = bool(spec.project_repo)
+    sources = [name for name, present in (("projectRepo", git), ("fluxSource", spec.flux_source is not None),
+                                          ("programRef", spec.program_ref is not None)) if present]
+    if len(sources) != 1:
+        found = ", ".join(f"spec.{s}" for s in sources) or "none"
+        issues.append(SpecIssue("spec", f"exactly one source must be given, found {found}",
+                                "set exactly one of spec.projectRepo, spec.fluxSource, spec.programRef"))
+    if not git:
+        for name, value in (("commit", spec.commit), ("branch", spec.branch), ("repoDir", spec.repo_dir),
+                            ("gitAuthSecret", spec.git_auth_secret)):
+            if value:
+                issues.append(SpecIssue(f"spec.{name}", "only applies to a git source (spec.projectRepo)",
+                                        f"remove spec.{name} or set spec.projectRepo"))
+        if spec.git_auth is not None:
+            issues.append(SpecIssue("spec.gitAuth", "only applies to a git source (spec.projectRepo)",
+                                    "remove spec.gitAuth or set spec.projectRepo"))
+    else:
+        if not _REPO_URL.match(spec.project_repo):
+            issues.append(SpecIssue("spec.projectRepo", "not a git URL",
+                                    "use https://, ssh://, git://, file:// or user@host:path"))
+        if bool(spec.commit) == bool(spec.branch):
+            issues.append(SpecIssue("spec.commit" if spec.commit else "spec.branch",
+                                    "exactly one of commit and branch must be set",
+                                    "set spec.commit to a SHA or spec.branch to a branch name, not both"))
+        if spec.commit and not re.fullmatch(r"[0-9a-fA-F]{7,64}", spec.commit):
+            issues.append(SpecIssue("spec.commit", "not a commit SHA", "use a hex commit SHA (7-64 digits)"))
+        issues += _relative_dir_issue("spec.repoDir", spec.repo_dir)
+    if spec.git_auth is not None:
+        modes = [m for m in ("accessToken", "sshAuth", "basicAuth")
+                 if getattr(spec.git_auth, {"accessToken": "access_token", "sshAuth": "ssh_auth",
+                                             "basicAuth": "basic_auth"}[m]) is not None]
+        if len(modes) != 1:
+            issues.append(SpecIssue("spec.gitAuth", f"exactly one auth mode must be set, found {modes or 'none'}",
+                                    "set one of accessToken, sshAuth, basicAuth"))
+        if spec.git_auth.access_token is not None:
+            issues += _ref_issues("spec.gitAuth.accessToken", spec.git_auth.access_token, namespace)
+        if spec.git_auth.basic_auth is not None:
+            issues += _ref_issues("spec.gitAuth.basicAuth.userName", spec.git_auth.basic_auth.user_name, namespace)
+            issues += _ref_issues("spec.gitAuth.basicAuth.password", spec.git_auth.basic_auth.password, namespace)
+        if spec.git_auth.ssh_auth is not None:
+            issues += _ref_issues("spec.gitAuth.sshAuth.sshPrivateKey", spec.git_auth.ssh_auth.ssh_private_key,
+                                  namespace)
+            if spec.git_auth.ssh_auth.password is not None:
+                issues += _ref_issues("spec.gitAuth.sshAuth.password", spec.git_auth.ssh_auth.password, namespace)
+    if spec.git_auth is not None and spec.git_auth_secret:
+        issues.append(SpecIssue("spec.gitAuthSecret", "conflicts with spec.gitAuth",
+                                "remove the deprecated spec.gitAuthSecret"))
+    if spec.flux_source is not None:
+        ref = spec.flux_source.source_ref
+        group = ref.api_version.split("/")[0]
+        if group != "source.toolkit.fluxcd.io" or "/" not in ref.api_version:
+            issues.append(SpecIssue("spec.fluxSource.sourceRef.apiVersion", f"{ref.api_version!r} is not a Flux source API",
+                                    "use source.toolkit.fluxcd.io/v1 (or v1beta2)"))
+        if ref.kind not in FLUX_SOURCE_KINDS:
+            issues.append(SpecIssue("spec.fluxSource.sourceRef.kind", f"{ref.kind!r} is not a Flux source kind",
+                                    f"use one of {', '.join(FLUX_SOURCE_KINDS)}"))
+        if not _DNS_NAME.match(ref.name):
+            issues.append(SpecIssue("spec.fluxSource.sourceRef.name", "not an object name",
+                                    "use the name of the source object in the Stack's namespace"))
+        issues += _relative_dir_issue("spec.fluxSource.dir", spec.flux_source.dir)
+    if spec.program_ref is not None and not _DNS_NAME.match(spec.program_ref.name):
+        issues.append(SpecIssue("spec.programRef.name", "not an object name",
+                                "use the name of a Program in the Stack's namespace"))
+    for key, ref in spec.env_refs.items():
+        if not _ENV_NAME.match(key):
+            issues.append(SpecIssue(f"spec.envRefs.{key}", "not an environment variable name",
+                                    "use letters, digits and underscores, not starting with a digit"))
+        issues += _ref_issues(f"spec.envRefs.{key}", ref, namespace)
+    for key, ref in spec.secrets_ref.items():
+        issues += _ref_issues(f"spec.secretsRef.{key}", ref, namespace)
+    for field, keys in (("config", spec.config), ("secrets", spec.secrets), ("configRef", spec.config_ref),
+                        ("secretsRef", spec.secrets_ref)):
+        for key in keys:
+            if not _CONFIG_KEY.match(key):
+                issues.append(SpecIssue(f"spec.{field}.{key}", "not a config key", "use [namespace:]key"))
+    for key, cref in spec.config_ref.items():
+        if not _DNS_NAME.match(cref.name):
+            issues.append(SpecIssue(f"spec.configRef.{key}.name", "not a ConfigMap name",
+                                    "use the name of a ConfigMap in the Stack's namespace"))
+    overlap = (set(spec.config) | set(spec.config_ref)) & (set(spec.secrets) | set(spec.secrets_ref))
+    for key in sorted(overlap):
+        issues.append(SpecIssue(f"spec.secretsRef.{key}", "key is also set as plain config",
+                                "set each config key once, either in config or in secretsRef"))
+    for i, target in enumerate(spec.targets):
+        if not target.startswith("urn:pulumi:"):
+            issues.append(SpecIssue(f"spec.targets[{i}]", "not a resource URN", "use a URN like urn:pulumi:..."))
+    names = set()
+    for i, prereq in enumerate(spec.prerequisites):
+        if not _DNS_NAME.match(prereq.name):
+            issues.append(SpecIssue(f"spec.prerequisites[{i}].name", "not a Stack name",
+                                    "use the name of a Stack in the same namespace"))
+        if prereq.name in names:
+            issues.append(SpecIssue(f"spec.prerequisites[{i}].name", "listed twice", "list each prerequisite once"))
+        names.add(prereq.name)
+        within = prereq.requirement.succeeded_within_duration if prereq.requirement else None
+        if within is not None:
+            try:
+                parse_duration(within)
+            except ValueError:
+                issues.append(SpecIssue(f"spec.prerequisites[{i}].requirement.succeededWithinDuration",
+                                        f"{within!r} is not a duration", "use a Go duration like 1h or 90s"))
+    if spec.resync_frequency_seconds < 0:
+        issues.append(SpecIssue("spec.resyncFrequencySeconds", "negative", f"use 0 (default) or >= {MIN_RESYNC_SECONDS}"))
+    if not 0 <= spec.retry_max_backoff_duration_seconds <= 86400:
+        issues.append(SpecIssue("spec.retryMaxBackoffDurationSeconds", "out of range", "use 0 (default) to 86400"))
+    if spec.service_account_name and not _DNS_NAME.match(spec.service_account_name):
+        issues.append(SpecIssue("spec.serviceAccountName", "not a ServiceAccount name",
+                                "use the name of a ServiceAccount in the Stack's namespace"))
+    if spec.preview and spec.destroy_on_finalize:
+        issues.append(SpecIssue("spec.destroyOnFinalize", "a preview Stack never creates resources to destroy",
+                                "remove destroyOnFinalize or preview"))
+    if spec.target_dependents and not spec.targets:
+        issues.append(SpecIssue("spec.targetDependents", "only applies with spec.targets", "set spec.targets or remove it"))
+    return issues
+
+
+def parse_stack_spec(raw: dict[str, Any] | None, namespace: str) -> StackSpec:
+    """Validate a Stack's `.spec`; raise SpecInvalid naming every bad field."""
+    try:
+        spec = StackSpec.model_validate(raw or {})
+    except ValidationError as err:
+        raise SpecInvalid(_pydantic_issues(err)) from None
+    issues = _semantic_issues(spec, namespace)
+    if issues:
+        raise SpecInvalid(issues)
+    return spec
+
+
+def not_applicable_fields(raw: dict[str, Any]) -> list[str]:
+    return [f for f in NOT_APPLICABLE_FIELDS if raw.get(f) not in (None, "", {}, [])]
+
+
+class ProgramBody(_Model):
+    """`Program.program`: a Pulumi YAML program (configuration, resources, variables, outputs)."""
+
+    configuration: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    resources: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    variables: dict[str, Any] = Field(default_factory=dict)
+    outputs: dict[str, Any] = Field(default_factory=dict)
+
+
+def parse_program(raw: dict[str, Any] | None) -> ProgramBody:
+    try:
+        body = ProgramBody.model_validate(raw or {})
+    except ValidationError as err:
+        issues = []
+        for e in err.errors(include_url=False, include_input=False):
+            path = _json_path("program", e["loc"])
+            issues.append(SpecIssue(path, e["msg"], _PYDANTIC_FIXES.get(e["type"], "correct the value")))
+        raise SpecInvalid(issues) from None
+    issues = []
+    for name, res in body.resources.items():
+        if not isinstance(res.get("type"), str) or not res.get("type"):
+            issues.append(SpecIssue(f"program.resources.{name}.type", "missing resource type",
+                                    "set type to a Pulumi type token like pulumi:index:Stash"))
+    for name, conf in body.configuration.items():
+        if "type" not in conf and "default" not in conf:
+            issues.append(SpecIssue(f"program.configuration.{name}", "needs a type or a default",
+                                    "set type (String, Number, List<String>, ...) or default"))
+    if issues:
+        raise SpecInvalid(issues)
+    return body

@@ -1,0 +1,174 @@
+"""Stack status: kstatus conditions with PKO's reasons, `lastUpdate`, and outputs (pure builders).
+
+Exactly one of three shapes is ever written, so `kubectl wait --for=condition=Ready` and kstatus
+both work:
+  ready        Ready=True  (ProcessingCompleted)
+  reconciling  Ready=False (NotReadyInProgress) + Reconciling=True (reason)
+  stalled      Ready=False (NotReadyStalled)    + Stalled=True (reason)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+READY = "Ready"
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+
+# Condition reasons (PKO's names).
+READY_COMPLETED = "ProcessingCompleted"
+NOT_READY_IN_PROGRESS = "NotReadyInProgress"
+NOT_READY_STALLED = "NotReadyStalled"
+RECONCILING_PROCESSING = "StackProcessing"
+RECONCILING_RETRY = "RetryingAfterFailure"
+RECONCILING_PREREQUISITE = "PrerequisiteNotSatisfied"
+STALLED_SPEC_INVALID = "SpecInvalid"
+STALLED_SOURCE_UNAVAILABLE = "SourceUnavailable"
+STALLED_CONFLICT = "UpdateConflict"
+STALLED_UPDATE_FAILED = "UpdateFailed"
+STALLED_DESTROY_BLOCKED = "DestroyBlocked"
+
+# Event reasons (PKO's names).
+EVENT_UPDATE_DETECTED = "StackUpdateDetected"
+EVENT_UPDATE_SUCCESSFUL = "StackCreated"
+EVENT_UPDATE_FAILURE = "StackUpdateFailure"
+EVENT_CONFLICT = "StackUpdateConflictDetected"
+EVENT_CONFIG_INVALID = "StackConfigInvalid"
+EVENT_GIT_AUTH_FAILURE = "StackGitAuthenticationFailure"
+EVENT_INITIALIZATION_FAILURE = "StackInitializationFailure"
+EVENT_OUTPUT_FAILURE = "StackOutputRetrievalFailure"
+EVENT_NOT_FOUND = "StackNotFound"
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+SECRET_MASK = "[secret]"
+
+Phase = Literal["ready", "reconciling", "stalled"]
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What the Stack's conditions should say."""
+
+    phase: Phase
+    reason: str = READY_COMPLETED
+    message: str = "the stack has been processed and is up to date"
+
+
+def build_conditions(previous: list[dict[str, Any]] | None, verdict: Verdict, generation: int,
+                     now: datetime) -> list[dict[str, Any]]:
+    """The full conditions list for `verdict`; lastTransitionTime only moves when a status flips."""
+    before = {c.get("type"): c for c in previous or []}
+
+    def condition(ctype: str, status: str, reason: str, message: str) -> dict[str, Any]:
+        old = before.get(ctype)
+        changed = old is None or old.get("status") != status
+        return {
+            "type": ctype,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": generation,
+            "lastTransitionTime": rfc3339(now) if changed else old["lastTransitionTime"],
+        }
+
+    if verdict.phase == "ready":
+        return [condition(READY, "True", READY_COMPLETED, verdict.message)]
+    if verdict.phase == "reconciling":
+        return [condition(READY, "False", NOT_READY_IN_PROGRESS, "reconciliation is in progress"),
+                condition(RECONCILING, "True", verdict.reason, verdict.message)]
+    return [condition(READY, "False", NOT_READY_STALLED, "reconciliation is stalled"),
+            condition(STALLED, "True", verdict.reason, verdict.message)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """Identity of one engine run, recorded when it starts (status.currentUpdate)."""
+
+    name: str
+    kind: str  # up | preview | destroy
+    generation: int
+    reconcile_request: str
+    commit: str
+    started: datetime
+    host: str
+
+
+def current_update(run: RunRecord) -> dict[str, Any]:
+    return {
+        "name": run.name,
+        "type": run.kind,
+        "generation": run.generation,
+        "reconcileRequest": run.reconcile_request,
+        "commit": run.commit,
+        "startTime": rfc3339(run.started),
+        "host": run.host,
+    }
+
+
+def run_from_current_update(current: dict[str, Any]) -> RunRecord:
+    return RunRecord(
+        name=current.get("name", ""),
+        kind=current.get("type", "up"),
+        generation=int(current.get("generation", 0)),
+        reconcile_request=current.get("reconcileRequest", ""),
+        commit=current.get("commit", ""),
+        started=parse_time(current.get("startTime")) or datetime.fromtimestamp(0, timezone.utc),
+        host=current.get("host", ""),
+    )
+
+
+def succeeded_update(run: RunRecord, permalink: str, now: datetime) -> dict[str, Any]:
+    return {
+        "name": run.name,
+        "type": run.kind,
+        "state": SUCCEEDED,
+        "generation": run.generation,
+        "reconcileRequest": run.reconcile_request,
+        "lastAttemptedCommit": run.commit,
+        "lastSuccessfulCommit": run.commit,
+        "permalink": permalink,
+        "lastResyncTime": rfc3339(now),
+        "message": "",
+        "failures": 0,
+    }
+
+
+def failed_update(previous: dict[str, Any] | None, run: RunRecord, reason: str, message: str,
+                  permalink: str, now: datetime) -> dict[str, Any]:
+    """A failed run; `failures` counts consecutive failures of the same generation, request and commit."""
+    prev = previous or {}
+    same_target = (prev.get("state") == FAILED and prev.get("generation") == run.generation
+                   and prev.get("reconcileRequest", "") == run.reconcile_request
+                   and prev.get("lastAttemptedCommit", "") == run.commit)
+    return {
+        "name": run.name,
+        "type": run.kind,
+        "state": FAILED,
+        "reason": reason,
+        "generation": run.generation,
+        "reconcileRequest": run.reconcile_request,
+        "lastAttemptedCommit": run.commit,
+        "lastSuccessfulCommit": prev.get("lastSuccessfulCommit", ""),
+        "permalink": permalink,
+        "lastResyncTime": rfc3339(now),
+        "message": message,
+        "failures": (int(prev.get("failures", 0)) + 1) if same_target else 1,
+    }
+
+
+def outputs_for_status(outputs: dict[str, tuple[Any, bool]]) -> dict[str, Any]:
+    """Stack outputs for `.status.outputs`; secret values never leave the engine: "[secret]"."""
+    return {name: SECRET_MASK if secret else value for name, (value, secret) in sorted(outputs.items())}

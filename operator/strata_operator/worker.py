@@ -1,0 +1,172 @@
+"""One engine operation, run as `python -m strata_operator.worker` by `AutomationEngine`.
+
+Reads an `UpdateRequest` (JSON, with its operation) on stdin, drives `pulumi.automation` against the
+`pulumi` CLI on PATH in the current directory (the project), and prints one result line prefixed
+with `STRATA-RESULT `. Its environment is only the Stack's own; its exit does not matter, the
+result line does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from pulumi import automation as auto
+from pulumi.automation.errors import CommandError, ConcurrentUpdateError
+
+from .engine import RESULT_PREFIX
+from .redaction import Redactor
+
+_PERMALINK = re.compile(r"(?:View (?:Live|in Browser)|Permalink)[^:]*:\s+(https?://\S+)")
+_ERROR_LINE = re.compile(r"^\s*error:\s*(.+)$", re.M)
+_DIAGNOSTIC = re.compile(r"^\s{2,}(?:\S.*)?error:\s*(.+)$", re.M)
+
+
+def _failure_message(err: CommandError) -> str:
+    """The engine's own error lines, not the whole transcript."""
+    text = str(err)
+    lines = [m.strip() for m in _ERROR_LINE.findall(text) + _DIAGNOSTIC.findall(text)]
+    unique = list(dict.fromkeys(line for line in lines if line and not line.startswith("update failed")))
+    if not unique:
+        unique = [line.strip() for line in text.strip().splitlines()[-3:]]
+    return "; ".join(unique)[:1500]
+
+
+def _permalink(stdout: str) -> str:
+    found = _PERMALINK.search(stdout or "")
+    return found.group(1) if found else ""
+
+
+def _set_config(stack: auto.Stack, workdir: str, request: dict[str, Any]) -> None:
+    """Plain config in one CLI call (JSON values allowed); secrets one by one on stdin, never in argv."""
+    plain = {key: ({"value": value} if isinstance(value, str) else {"value": json.dumps(value), "objectValue": value})
+             | {"secret": False} for key, value in request["config"].items()}
+    if plain:
+        stack.workspace.set_all_config_json(stack.name, json.dumps(plain))
+    for key, value in request["secret_config"].items():
+        done = subprocess.run(["pulumi", "config", "set", "--secret", "--stack", stack.name, "--non-interactive", key],
+                              input=value, capture_output=True, text=True, cwd=workdir)
+        if done.returncode != 0:
+            raise RuntimeError(f"setting secret config {key!r} failed: {done.stderr.strip()}")
+
+
+def _file_backend_dir(env: dict[str, str]) -> Path | None:
+    url = env.get("PULUMI_BACKEND_URL", "")
+    if not url.startswith("file://"):
+        return None
+    parsed = urlparse(url)
+    raw = unquote(parsed.netloc + parsed.path)
+    return Path(os.path.expanduser(raw)).resolve() if raw not in ("", "~") else Path.home()
+
+
+def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) -> list[str]:
+    """Remove what a killed `pulumi up` leaves in a file:// backend, if it is provably that run's.
+
+    A lock is ours when its hostname is the host the interrupted run was started on and it was taken
+    after that run started; a zero-byte `<stack>.json.attrs` makes the next load fail with EOF.
+    """
+    leaf = stack_name.split("/")[-1]
+    actions = []
+    for lock in sorted((root / ".pulumi" / "locks").glob(f"**/{leaf}/*.json")):
+        try:
+            info = json.loads(lock.read_text() or "{}")
+        except (OSError, ValueError):
+            continue
+        taken = info.get("timestamp", "")
+        try:
+            taken_at = datetime.fromisoformat(taken.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+        if info.get("hostname") == host and taken_at >= since - 5:
+            lock.unlink()
+            actions.append(f"removed the interrupted run's lock (pid {info.get('pid')})")
+    for attrs in sorted((root / ".pulumi" / "stacks").glob(f"**/{leaf}.json.attrs")):
+        if attrs.stat().st_size == 0:
+            attrs.unlink()
+            actions.append("removed a truncated checkpoint attributes file")
+    return actions
+
+
+def _run(request: dict[str, Any]) -> dict[str, Any]:
+    workdir = os.getcwd()
+    operation = request["operation"]
+    workspace = auto.LocalWorkspace(work_dir=workdir, pulumi_home=os.environ.get("PULUMI_HOME"),
+                                    secrets_provider=request["secrets_provider"] or None)
+    if operation == "recover":
+        root = _file_backend_dir(dict(os.environ))
+        if root is not None:
+            actions = _recover_file_backend(root, request["stack_name"], request["interrupted_host"],
+                                            request["interrupted_since"])
+        else:
+            auto.Stack.select(request["stack_name"], workspace).cancel()
+            actions = ["cancelled the interrupted update in the backend"]
+        return {"outcome": "succeeded", "message": "; ".join(actions) or "nothing to recover"}
+    if operation == "remove":
+        workspace.remove_stack(request["stack_name"])
+        return {"outcome": "succeeded"}
+
+    if request["create"] and operation != "destroy":
+        stack = auto.Stack.create_or_select(request["stack_name"], workspace)
+    else:
+        stack = auto.Stack.select(request["stack_name"], workspace)
+    if operation != "outputs":
+        _set_config(stack, workdir, request)
+        if request["environments"]:
+            stack.add_environments(*request["environments"])
+    targets = list(request["targets"]) or None
+    message = request["message"] or None
+    stdout = ""
+    summary: dict[str, int] = {}
+    if request["refresh"] and operation in ("up", "preview"):
+        stack.refresh(expect_no_changes=request["expect_no_refresh_changes"] or None, message=message)
+    if operation == "up":
+        result = stack.up(target=targets, target_dependents=request["target_dependents"] or None, message=message)
+        stdout, summary = result.stdout, dict(result.summary.resource_changes or {})
+    elif operation == "preview":
+        preview = stack.preview(target=targets, target_dependents=request["target_dependents"] or None,
+                                message=message)
+        stdout, summary = preview.stdout, {k.value if hasattr(k, "value") else str(k): v
+                                           for k, v in (preview.change_summary or {}).items()}
+    elif operation == "refresh":
+        refreshed = stack.refresh(target=targets, message=message)
+        stdout, summary = refreshed.stdout, dict(refreshed.summary.resource_changes or {})
+    elif operation == "destroy":
+        destroyed = stack.destroy(target=targets, message=message)
+        stdout, summary = destroyed.stdout, dict(destroyed.summary.resource_changes or {})
+    outputs = {} if operation in ("preview", "destroy") else {
+        name: {"value": out.value, "secret": out.secret} for name, out in stack.outputs().items()}
+    return {"outcome": "succeeded", "outputs": outputs, "permalink": _permalink(stdout), "summary": summary}
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.read())
+    redactor = Redactor()
+    redactor.add(*request["secret_config"].values())
+    os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
+    try:
+        result = _run(request)
+    except ConcurrentUpdateError as err:
+        result = {"outcome": "conflict", "message": _failure_message(err)}
+    except CommandError as err:
+        result = {"outcome": "failed", "message": _failure_message(err)}
+    except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
+        result = {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
+    result["message"] = redactor.redact(result.get("message", ""))
+    for output in result.get("outputs", {}).values():
+        if output["secret"]:
+            # Secret outputs never leave the worker with their value.
+            output["value"] = None
+    sys.stdout.write(RESULT_PREFIX + json.dumps(result, default=str) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

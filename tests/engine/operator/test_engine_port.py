@@ -1,0 +1,114 @@
+"""The production engine port (`AutomationEngine`) against the real pulumi CLI 3.259 + YAML host.
+
+No test double: every outcome here is produced by the real engine on a file:// backend.
+"""
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from strata_operator.engine import AutomationEngine, EngineSettings, UpdateRequest
+
+pytestmark = pytest.mark.engine
+
+TOOLCHAIN = Path(os.environ.get("STRATA_CACHE", Path.home() / ".cache/strata")) / "toolchain"
+PULUMI = TOOLCHAIN / "pulumi-v3.259.0/bin/pulumi"
+YAML_HOST = TOOLCHAIN / "pulumi-yaml-v1.38.1/bin"
+CANARY = "canary-secret-7f3a9"
+
+PROGRAM = """name: stash
+runtime: yaml
+configuration:
+  greeting:
+    type: String
+resources:
+  note:
+    type: pulumi:index:Stash
+    properties:
+      input: ${greeting}
+  hidden:
+    type: pulumi:index:Stash
+    properties:
+      input: ${password}
+outputs:
+  said: ${note.output}
+  password: ${hidden.output}
+  tags: ${tags}
+"""
+
+
+@pytest.fixture
+def engine(tmp_path, monkeypatch):
+    if not PULUMI.exists() or not YAML_HOST.exists():
+        pytest.fail(f"toolchain missing: build it with `make setup` ({PULUMI}, {YAML_HOST})")
+    return AutomationEngine(EngineSettings(pulumi_command=str(PULUMI), plugin_dirs=(str(YAML_HOST),),
+                                           state_dir=tmp_path / "state"))
+
+
+def request(tmp_path, program=PROGRAM, **extra):
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / "Pulumi.yaml").write_text(program.replace("${password}", "${pw}").replace(
+        "configuration:\n", "configuration:\n  pw:\n    type: String\n    secret: true\n  tags:\n    default: {}\n", 1))
+    backend = tmp_path / "backend"
+    backend.mkdir(exist_ok=True)
+    fields = dict(stack_key="ns/stash", stack_name="dev", project_dir=str(project),
+                  env={"PULUMI_BACKEND_URL": backend.as_uri(), "PULUMI_CONFIG_PASSPHRASE": "pass-phrase-123"},
+                  config={"greeting": "hello", "tags": {"team": "a"}}, secret_config={"pw": CANARY})
+    fields.update(extra)
+    return UpdateRequest(**fields)
+
+
+def test_up_preview_refresh_outputs_destroy_remove(engine, tmp_path):
+    req = request(tmp_path)
+    up = asyncio.run(engine.up(req))
+    assert up.ok, up.message
+    assert up.outputs["said"] == ("hello", False)
+    assert up.outputs["tags"] == ({"team": "a"}, False)
+    assert up.outputs["password"] == (None, True)  # the secret's value never leaves the worker
+    assert up.summary.get("create") == 3  # the stack + two Stash resources
+    state = (tmp_path / "backend").rglob("dev.json")
+    assert CANARY not in "".join(p.read_text() for p in state)  # stored encrypted
+    again = asyncio.run(engine.preview(req))
+    assert again.ok and again.summary.get("same") == 3 and not again.summary.get("create")
+    assert asyncio.run(engine.refresh(req)).ok
+    assert asyncio.run(engine.outputs(req)).outputs["said"] == ("hello", False)
+    destroyed = asyncio.run(engine.destroy(req))
+    assert destroyed.ok and destroyed.summary.get("delete") == 3
+    assert asyncio.run(engine.remove_stack(req)).ok
+    assert not list((tmp_path / "backend").rglob("dev.json"))
+
+
+def test_bad_expression_fails_with_the_engine_error(engine, tmp_path):
+    req = request(tmp_path, PROGRAM.replace("${note.output}", "${nosuch.output}"))
+    result = asyncio.run(engine.up(req))
+    assert result.outcome == "failed"
+    assert "nosuch" in result.message and CANARY not in result.message
+
+
+def test_missing_required_config_fails(engine, tmp_path):
+    req = request(tmp_path)
+    result = asyncio.run(engine.up(UpdateRequest(**{**req.__dict__, "config": {"tags": {}}})))
+    assert result.outcome == "failed" and "greeting" in result.message
+
+
+def test_held_lock_is_a_conflict_and_recover_clears_only_our_dead_run(engine, tmp_path):
+    req = request(tmp_path)
+    assert asyncio.run(engine.up(req)).ok
+    locks = tmp_path / "backend/.pulumi/locks/organization/stash/dev"
+    locks.mkdir(parents=True, exist_ok=True)
+    lock = locks / "0b0e1f0e-0000-4000-8000-000000000000.json"
+    lock.write_text(json.dumps({"pid": 999999, "username": "x", "hostname": "dead-host",
+                                "timestamp": "2030-01-01T00:00:00Z"}))
+    blocked = asyncio.run(engine.up(req))
+    assert blocked.outcome == "conflict", blocked.message
+    other = asyncio.run(engine.recover(UpdateRequest(**{**req.__dict__, "interrupted_host": "another-host",
+                                                        "interrupted_since": 0.0})))
+    assert other.ok and lock.exists()  # not ours: left alone
+    ours = asyncio.run(engine.recover(UpdateRequest(**{**req.__dict__, "interrupted_host": "dead-host",
+                                                       "interrupted_since": 0.0})))
+    assert ours.ok and "lock" in ours.message and not lock.exists()
+    assert asyncio.run(engine.up(req)).ok

@@ -1,0 +1,151 @@
+"""Planning: spec + observed state -> run, or the verdict and when to look again."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from strata_operator.backoff import cooldown_seconds
+from strata_operator.planning import (Requests, check_prerequisite, plan_finalize, plan_stack,
+                                      prerequisites_verdict)
+from strata_operator.spec import Prerequisite, Requirement, parse_stack_spec
+from strata_operator.status import RunRecord, failed_update, rfc3339, succeeded_update
+
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
+SHA = "a" * 40
+
+
+def spec(**extra):
+    return parse_stack_spec({"stack": "dev", "projectRepo": "https://h/r.git", "commit": SHA, **extra}, "ns")
+
+
+def run(gen=1, request="", commit=SHA, at=NOW - timedelta(hours=1)):
+    return RunRecord("s-1", "up", gen, request, commit, at, "host")
+
+
+def ok(gen=1, request="", commit=SHA, at=NOW - timedelta(hours=1)):
+    return succeeded_update(run(gen, request, commit), "", at)
+
+
+def failed(n, gen=1, commit=SHA, at=NOW, reason="UpdateFailed"):
+    last = None
+    for _ in range(n):
+        last = failed_update(last, run(gen, commit=commit), reason, "boom", "", at)
+    return last
+
+
+def test_first_sight_runs():
+    assert plan_stack(spec(), 1, Requests(), None, SHA, NOW).run == "up"
+
+
+def test_nothing_changed_is_ready_with_no_requeue_for_a_commit():
+    plan = plan_stack(spec(), 1, Requests(), ok(), SHA, NOW)
+    assert plan.run is None and plan.verdict.phase == "ready" and plan.requeue_after is None
+
+
+def test_branch_is_polled_every_resync_period():
+    s = parse_stack_spec({"stack": "dev", "projectRepo": "https://h/r.git", "branch": "main",
+                          "resyncFrequencySeconds": 120}, "ns")
+    plan = plan_stack(s, 1, Requests(), ok(), SHA, NOW)
+    assert plan.run is None and plan.requeue_after == 120
+
+
+@pytest.mark.parametrize("generation,requests,revision,message", [
+    (2, Requests(), SHA, "New stack generation: 2"),
+    (1, Requests(pulumi="now"), SHA, "Sync request: 'now'"),
+    (1, Requests(flux="2025-01-01T11:00:00Z"), SHA, "Reconcile requested at 2025-01-01T11:00:00Z"),
+    (1, Requests(), "b" * 40, "New commit detected"),
+])
+def test_each_trigger_runs(generation, requests, revision, message):
+    plan = plan_stack(spec(), generation, requests, ok(), revision, NOW)
+    assert plan.run == "up" and plan.message.startswith(message)
+
+
+def test_handled_flux_request_does_not_run_again():
+    r = Requests(flux="t1", flux_handled="t1")
+    assert plan_stack(spec(), 1, r, ok(), SHA, NOW).run is None
+
+
+def test_preview_stack_plans_preview():
+    s = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "preview": True}, "ns")
+    assert plan_stack(s, 1, Requests(), None, "p/1", NOW).run == "preview"
+
+
+def test_continue_resync_reruns_after_period_only():
+    s = spec(continueResyncOnCommitMatch=True, resyncFrequencySeconds=300)
+    assert plan_stack(s, 1, Requests(), ok(at=NOW - timedelta(seconds=100)), SHA, NOW).requeue_after == 200
+    assert plan_stack(s, 1, Requests(), ok(at=NOW - timedelta(seconds=300)), SHA, NOW).run == "up"
+
+
+def test_failure_waits_for_cooldown_then_retries():
+    last = failed(1, at=NOW - timedelta(seconds=4))
+    plan = plan_stack(spec(), 1, Requests(), last, SHA, NOW)
+    assert plan.run is None and plan.verdict.reason == "RetryingAfterFailure"
+    assert plan.requeue_after == pytest.approx(6)
+    assert plan_stack(spec(), 1, Requests(), failed(1, at=NOW - timedelta(seconds=10)), SHA, NOW).run == "up"
+
+
+def test_new_commit_bypasses_cooldown():
+    plan = plan_stack(spec(), 1, Requests(), failed(3), "c" * 40, NOW)
+    assert plan.run == "up"
+
+
+def test_spec_change_bypasses_stall():
+    assert plan_stack(spec(), 2, Requests(), failed(9), SHA, NOW).run == "up"
+
+
+def test_stalls_after_n_consecutive_failures():
+    plan = plan_stack(spec(), 1, Requests(), failed(5, at=NOW - timedelta(days=2)), SHA, NOW, stall_after_failures=5)
+    assert plan.run is None and plan.verdict.phase == "stalled" and plan.verdict.reason == "UpdateFailed"
+    assert "5 consecutive" in plan.verdict.message
+
+
+def test_conflict_stalls_without_retry_flag_and_retries_with_it():
+    last = failed(1, at=NOW - timedelta(minutes=5), reason="UpdateConflict")
+    assert plan_stack(spec(), 1, Requests(), last, SHA, NOW).verdict.reason == "UpdateConflict"
+    assert plan_stack(spec(retryOnUpdateConflict=True), 1, Requests(), last, SHA, NOW).run == "up"
+
+
+def test_failures_count_only_same_target():
+    assert failed(3)["failures"] == 3
+    again = failed_update(failed(3), run(gen=2), "UpdateFailed", "x", "", NOW)
+    assert again["failures"] == 1 and again["lastSuccessfulCommit"] == ""
+
+
+@pytest.mark.parametrize("failures,cap,expected", [
+    (0, 0, 0), (1, 0, 10), (2, 0, 30), (3, 0, 90), (5, 0, 810), (20, 0, 86400), (10_000, 0, 86400), (4, 60, 60)])
+def test_cooldown_schedule(failures, cap, expected):
+    assert cooldown_seconds(failures, cap) == expected
+
+
+def stack_obj(gen=1, annotations=None, last=None):
+    return {"metadata": {"name": "base", "generation": gen, "annotations": annotations or {}},
+            "status": {"lastUpdate": last} if last else {}}
+
+
+def test_prerequisites():
+    req = Prerequisite(name="base")
+    within = Prerequisite(name="base", requirement=Requirement(succeeded_within_duration="30m"))
+    assert check_prerequisite(req, None, NOW).problem == "prerequisite 'base' not found"
+    assert "not run to completion" in check_prerequisite(req, stack_obj(gen=2, last=ok()), NOW).problem
+    assert "not run to completion" in check_prerequisite(
+        req, stack_obj(annotations={"pulumi.com/reconciliation-request": "x"}, last=ok()), NOW).problem
+    assert "failed" in check_prerequisite(req, stack_obj(last=failed(1)), NOW).problem
+    assert check_prerequisite(req, stack_obj(last=ok()), NOW).problem is None
+    stale = check_prerequisite(within, stack_obj(last=ok(at=NOW - timedelta(hours=1))), NOW)
+    assert "out of date" in stale.problem and stale.rerun_request == "after-s-1"
+    assert check_prerequisite(within, stack_obj(last=ok(at=NOW - timedelta(minutes=5))), NOW).problem is None
+
+
+def test_prerequisite_verdicts():
+    a = check_prerequisite(Prerequisite(name="a"), None, NOW)
+    b = check_prerequisite(Prerequisite(name="b"), None, NOW)
+    assert prerequisites_verdict([]) is None
+    assert prerequisites_verdict([a]).reason == "PrerequisiteNotSatisfied"
+    assert prerequisites_verdict([a, b]).message.endswith("a, b")
+
+
+def test_finalize_destroys_only_with_flag():
+    assert plan_finalize(spec()).destroy is False
+    assert plan_finalize(spec(destroyOnFinalize=True)).destroy is True
+    assert plan_finalize(None).destroy is False
+    assert rfc3339(NOW) == "2025-01-01T12:00:00Z"

@@ -1,0 +1,174 @@
+"""Flux artifact verification and safe unpacking, Program projects, git against a local repository."""
+
+import hashlib
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from strata_operator.sources import (FluxArtifact, SourceError, UnsafeArchive, download_artifact, flux_artifact,
+                                     git_branch_head, git_checkout, program_revision, safe_extract, subdir,
+                                     write_program_project)
+
+
+def make_tar(path: Path, members):
+    """members: (name, kind, payload) with kind file|dir|sym|lnk|fifo."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind, payload in members:
+            info = tarfile.TarInfo(name)
+            if kind == "file":
+                data = payload.encode() if isinstance(payload, str) else payload
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                continue
+            info.type = {"dir": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE, "lnk": tarfile.LNKTYPE,
+                         "fifo": tarfile.FIFOTYPE}[kind]
+            info.linkname = payload or ""
+            tar.addfile(info)
+    return path
+
+
+def artifact_for(path: Path, algorithm="sha256", corrupt=False):
+    digest = hashlib.new(algorithm, path.read_bytes()).hexdigest()
+    if corrupt:
+        digest = ("0" if digest[0] != "0" else "1") + digest[1:]
+    return FluxArtifact(path.as_uri(), "main@sha1:abc", f"{algorithm}:{digest}")
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "sha384", "sha512"])
+def test_download_verifies_digest(tmp_path, algorithm):
+    src = make_tar(tmp_path / "a.tar.gz", [("Pulumi.yaml", "file", "name: p\nruntime: yaml\n")])
+    download_artifact(artifact_for(src, algorithm), tmp_path / "got.tar.gz")
+    assert (tmp_path / "got.tar.gz").read_bytes() == src.read_bytes()
+
+
+def test_bad_digest_is_refused(tmp_path):
+    src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "x")])
+    with pytest.raises(SourceError, match="digest mismatch"):
+        download_artifact(artifact_for(src, corrupt=True), tmp_path / "got.tar.gz")
+
+
+def test_unknown_digest_algorithm_is_refused(tmp_path):
+    src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "x")])
+    with pytest.raises(SourceError, match="unsupported artifact digest"):
+        download_artifact(FluxArtifact(src.as_uri(), "r", "md5:abc"), tmp_path / "got")
+
+
+def test_oversized_download_is_refused(tmp_path):
+    src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "y" * 100_000)])
+    with pytest.raises(UnsafeArchive, match="larger than"):
+        download_artifact(artifact_for(src), tmp_path / "got", max_bytes=100)
+
+
+def test_safe_extract_unpacks_a_normal_tree(tmp_path):
+    src = make_tar(tmp_path / "a.tar.gz", [("proj", "dir", None), ("proj/Pulumi.yaml", "file", "name: p\n"),
+                                           ("proj/link.yaml", "sym", "Pulumi.yaml")])
+    safe_extract(src, tmp_path / "out")
+    assert (tmp_path / "out/proj/Pulumi.yaml").read_text() == "name: p\n"
+    assert (tmp_path / "out/proj/link.yaml").read_text() == "name: p\n"
+    assert subdir(tmp_path / "out", "proj", "spec.fluxSource.dir") == (tmp_path / "out/proj").resolve()
+
+
+@pytest.mark.parametrize("members,problem", [
+    ([("../evil", "file", "x")], "escapes"),
+    ([("/etc/evil", "file", "x")], "escapes"),
+    ([("link", "sym", "/etc/passwd")], "points outside"),
+    ([("link", "sym", "../../outside")], "points outside"),
+    ([("dirlink", "sym", "."), ("dirlink/../../x", "file", "x")], "escapes"),
+    ([("hard", "lnk", "/etc/passwd")], "points outside"),
+    ([("pipe", "fifo", None)], "device or fifo"),
+])
+def test_escapes_are_refused(tmp_path, members, problem):
+    src = make_tar(tmp_path / "a.tar.gz", members)
+    with pytest.raises(UnsafeArchive, match=problem):
+        safe_extract(src, tmp_path / "out")
+    assert not (tmp_path / "evil").exists()
+
+
+def test_write_through_symlinked_directory_is_refused(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    src = make_tar(tmp_path / "a.tar.gz", [("d", "sym", str(outside)), ("d/x", "file", "x")])
+    with pytest.raises(UnsafeArchive):
+        safe_extract(src, tmp_path / "out")
+    assert not (outside / "x").exists()
+
+
+def test_tar_bomb_is_refused(tmp_path):
+    src = make_tar(tmp_path / "bomb.tar.gz", [(f"f{i}", "file", b"\0" * 1_000_000) for i in range(5)])
+    assert src.stat().st_size < 100_000  # compresses ~1000x
+    with pytest.raises(UnsafeArchive, match="expands beyond"):
+        safe_extract(src, tmp_path / "out", max_bytes=2_000_000)
+
+
+def test_too_many_entries_is_refused(tmp_path):
+    src = make_tar(tmp_path / "many.tar.gz", [(f"f{i}", "file", "") for i in range(20)])
+    with pytest.raises(UnsafeArchive, match="more than 10 entries"):
+        safe_extract(src, tmp_path / "out", max_members=10)
+
+
+def test_missing_project_dir_is_named(tmp_path):
+    (tmp_path / "src").mkdir()
+    with pytest.raises(SourceError, match="no Pulumi.yaml in spec.repoDir 'app'"):
+        subdir(tmp_path / "src", "app", "spec.repoDir")
+
+
+def flux_source(ready="True", artifact=None):
+    return {"kind": "GitRepository", "metadata": {"name": "repo"},
+            "status": {"conditions": [{"type": "Ready", "status": ready, "message": "failed to checkout"}],
+                       **({"artifact": artifact} if artifact else {})}}
+
+
+def test_flux_artifact_requires_ready_and_digest():
+    with pytest.raises(SourceError, match="not Ready: failed to checkout"):
+        flux_artifact(flux_source("False"))
+    with pytest.raises(SourceError, match="has no artifact"):
+        flux_artifact(flux_source())
+    with pytest.raises(SourceError, match="no digest"):
+        flux_artifact(flux_source(artifact={"url": "http://x/a.tar.gz", "revision": "r"}))
+    legacy = flux_artifact(flux_source(artifact={"url": "http://x", "revision": "r", "checksum": "ab"}))
+    assert legacy.digest == "sha256:ab"
+
+
+def test_program_becomes_a_yaml_project(tmp_path):
+    program = {"metadata": {"name": "site", "generation": 4},
+               "program": {"configuration": {"greeting": {"type": "String", "default": "hi"}},
+                           "resources": {"s": {"type": "pulumi:index:Stash", "properties": {"input": "${greeting}"}}},
+                           "outputs": {"out": "${s.output}"}}}
+    write_program_project(program, tmp_path)
+    project = yaml.safe_load((tmp_path / "Pulumi.yaml").read_text())
+    assert project["name"] == "site" and project["runtime"] == "yaml"
+    assert project["configuration"] == {"greeting": {"type": "String", "default": "hi"}}
+    assert project["resources"]["s"]["type"] == "pulumi:index:Stash"
+    assert program_revision(program) == "site/4"
+
+
+def git(cwd, *args):
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), "GIT_AUTHOR_NAME": "t",
+                               "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                               "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
+
+
+def test_git_branch_head_and_checkout(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "Pulumi.yaml").write_text("name: p\nruntime: yaml\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    first = git(repo, "rev-parse", "HEAD")
+    (repo / "Pulumi.yaml").write_text("name: p2\nruntime: yaml\n")
+    git(repo, "commit", "-q", "-am", "two")
+    head = git(repo, "rev-parse", "HEAD")
+    url = repo.as_uri()
+    assert git_branch_head(url, "main", None) == head
+    assert git_branch_head(url, "refs/heads/main", None) == head
+    assert git_checkout(url, first, tmp_path / "co", None) == first
+    assert (tmp_path / "co/Pulumi.yaml").read_text() == "name: p\nruntime: yaml\n"
+    assert git_checkout(url, head[:10], tmp_path / "co2", None) == head
+    with pytest.raises(SourceError, match="branch 'nope' not found"):
+        git_branch_head(url, "nope", None)

@@ -1,0 +1,36 @@
+"""Conditions are kstatus-shaped and mutually exclusive; outputs mask secrets."""
+
+from datetime import datetime, timedelta, timezone
+
+from strata_operator.status import Verdict, build_conditions, outputs_for_status
+
+T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+
+def by_type(conditions):
+    return {c["type"]: c for c in conditions}
+
+
+def test_ready_reconciling_stalled_are_exclusive():
+    ready = by_type(build_conditions(None, Verdict("ready"), 3, T0))
+    assert set(ready) == {"Ready"} and ready["Ready"]["status"] == "True"
+    assert ready["Ready"]["reason"] == "ProcessingCompleted" and ready["Ready"]["observedGeneration"] == 3
+    rec = by_type(build_conditions(None, Verdict("reconciling", "StackProcessing", "running"), 3, T0))
+    assert set(rec) == {"Ready", "Reconciling"} and rec["Ready"]["status"] == "False"
+    assert rec["Ready"]["reason"] == "NotReadyInProgress" and rec["Reconciling"]["reason"] == "StackProcessing"
+    stalled = by_type(build_conditions(None, Verdict("stalled", "SpecInvalid", "spec.stack: bad"), 3, T0))
+    assert set(stalled) == {"Ready", "Stalled"} and stalled["Ready"]["reason"] == "NotReadyStalled"
+
+
+def test_transition_time_moves_only_when_status_flips():
+    first = build_conditions(None, Verdict("reconciling", "StackProcessing", "a"), 1, T0)
+    second = build_conditions(first, Verdict("stalled", "UpdateFailed", "b"), 1, T0 + timedelta(minutes=1))
+    assert by_type(second)["Ready"]["lastTransitionTime"] == "2025-01-01T00:00:00Z"  # still False
+    assert by_type(second)["Stalled"]["lastTransitionTime"] == "2025-01-01T00:01:00Z"
+    third = build_conditions(second, Verdict("ready"), 1, T0 + timedelta(minutes=2))
+    assert by_type(third)["Ready"]["lastTransitionTime"] == "2025-01-01T00:02:00Z"
+
+
+def test_secret_outputs_are_masked():
+    out = outputs_for_status({"url": ("http://x", False), "password": ("hunter22", True), "n": (3, False)})
+    assert out == {"n": 3, "password": "[secret]", "url": "http://x"}
