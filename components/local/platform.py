@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from . import processes
+from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
 from .kube import http_ok, https_ok, load_documents, render_kubeconfig, server_side_apply, write_private
 from .pki import ensure_pki
@@ -28,7 +29,7 @@ FLUX_NAMESPACE = "flux-system"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # Ports each component needs, in the order they are allocated.
 PORTS = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "git",
-         "source_storage", "source_metrics", "source_health", "kustomize_metrics", "kustomize_health")
+         "flux_bundle", "source_storage", "source_metrics", "source_health", "kustomize_metrics", "kustomize_health")
 HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
 
 
@@ -66,6 +67,11 @@ class PlatformInfo:
     @property
     def flux_storage_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['source_storage']}"
+
+    @property
+    def flux_bundle_url(self) -> str:
+        """pulumi-flux's `baseurl` for the offline install bundle."""
+        return f"http://127.0.0.1:{self.ports['flux_bundle']}"
 
 
 class LocalPlatform:
@@ -128,7 +134,7 @@ class LocalPlatform:
         )
 
     # -- processes ----------------------------------------------------------------------------
-    def _processes(self, ports: dict[str, int]) -> list[tuple[HostProcess, object]]:
+    def _processes(self, ports: dict[str, int], flux_bundle: Path) -> list[tuple[HostProcess, object]]:
         """Every host process with its readiness check, in start order."""
         tc, state, pki = self.toolchain, self.state, self.pki
         server = f"https://127.0.0.1:{ports['apiserver']}"
@@ -179,6 +185,10 @@ class LocalPlatform:
                 sys.executable, "-m", "strata_components.local.gitserver", f"--root={state / 'git'}",
                 f"--port={ports['git']}",
             ]), lambda: not processes.port_is_free(ports["git"])),
+            (HostProcess("flux-bundle-server", [
+                sys.executable, "-m", "http.server", "--bind=127.0.0.1", f"--directory={flux_bundle}",
+                str(ports["flux_bundle"]),
+            ]), lambda: not processes.port_is_free(ports["flux_bundle"])),
         ]
         flux_env = {"KUBECONFIG": str(self.kubeconfig_path), "RUNTIME_NAMESPACE": FLUX_NAMESPACE}
         common = ["--enable-leader-election=false", "--log-level=info", "--log-encoding=console", "--events-addr="]
@@ -218,17 +228,18 @@ class LocalPlatform:
         """Start whatever is not running yet and wait until every component is ready."""
         started = time.monotonic()
         ports = self._ports()
-        plan = self._processes(ports)
+        plan = self._processes(ports, ensure_bundle(self.toolchain, say))
         self._check_ports_free(ports, {
             "etcd": ("etcd_client", "etcd_peer"), "kube-apiserver": ("apiserver",),
             "kube-controller-manager": ("controller_manager",), "kube-scheduler": ("scheduler",),
-            "kwok": ("kwok",), "git-server": ("git",),
+            "kwok": ("kwok",), "git-server": ("git",), "flux-bundle-server": ("flux_bundle",),
             "source-controller": ("source_storage", "source_metrics", "source_health"),
             "kustomize-controller": ("kustomize_metrics", "kustomize_health"),
         })
         ensure_pki(self.pki)
         self._write_kubeconfigs(ports)
-        (self.state / "git").mkdir(parents=True, exist_ok=True)
+        for directory in ("git", "flux/source"):
+            (self.state / directory).mkdir(parents=True, exist_ok=True)
         for process, ready in plan:
             if process.name in HOST_CONTROLLERS:
                 self._install_flux_crds(process.name)
@@ -314,7 +325,7 @@ class LocalPlatform:
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
         stopped = []
-        names = [*reversed(HOST_CONTROLLERS), "git-server", "kwok", "kube-scheduler",
+        names = [*reversed(HOST_CONTROLLERS), "flux-bundle-server", "git-server", "kwok", "kube-scheduler",
                  "kube-controller-manager", "kube-apiserver", "etcd"]
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:
@@ -327,7 +338,7 @@ class LocalPlatform:
 
     def status(self) -> dict[str, bool]:
         names = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "git-server",
-                 *self.config.host_controllers]
+                 "flux-bundle-server", *self.config.host_controllers]
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
 
     def start_controller(self, process: HostProcess, ready=None, timeout: float = 60) -> int:
