@@ -1,0 +1,144 @@
+"""Flux: installed from the manifests the Pulumi Flux provider renders, applied with pulumi-kubernetes.
+
+`pulumi_flux.get_flux_install` renders the install for a version and a set of controllers (from
+`<baseurl>/download/<version>/manifests.tar.gz` when `baseurl` is given, e.g. a loopback server
+with an offline bundle). The CRDs go in one ConfigGroup and everything else in a second that
+depends on it, so no custom resource or controller comes before its CRD. Controllers that the local
+platform runs as host processes keep their RBAC and Services but lose their Deployment: kwok nodes
+would only pretend to run them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any, TypedDict
+
+import pulumi
+import pulumi_flux as flux
+import pulumi_kubernetes as k8s
+import yaml
+from typing_extensions import NotRequired
+
+DEFAULT_COMPONENTS = ("source-controller", "kustomize-controller", "helm-controller", "notification-controller")
+VERSION_PATTERN = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+
+
+class FluxSyncArgs(TypedDict):
+    url: str
+    """Git repository URL Flux syncs from (http(s):// or ssh://)."""
+    branch: NotRequired[str]
+    """Branch to follow (default main)."""
+    path: NotRequired[str]
+    """Directory inside the repository the Kustomization applies (default ./)."""
+    interval_minutes: NotRequired[int]
+    """How often Flux fetches the repository (default 1)."""
+    secret_name: NotRequired[str]
+    """Name of an existing Secret in the Flux namespace with the git credentials."""
+
+
+class FluxArgs(TypedDict):
+    provider: k8s.Provider
+    """Provider of the cluster Flux is installed on."""
+    version: str
+    """Flux release, starting with "v" (e.g. v2.9.5)."""
+    components: NotRequired[Sequence[str]]
+    """Controllers to install (default source, kustomize, helm and notification controllers)."""
+    baseurl: NotRequired[str]
+    """Where the install bundle is downloaded from (`<baseurl>/download/<version>/manifests.tar.gz`);
+    GitHub releases when absent."""
+    namespace: NotRequired[str]
+    """Namespace of the Flux controllers (default flux-system)."""
+    network_policy: NotRequired[bool]
+    """Install Flux's NetworkPolicies (default true)."""
+    host_controllers: NotRequired[Sequence[str]]
+    """Controllers run as host processes by the local platform: their Deployments are not applied.
+    When set, every installed controller must be one of them."""
+    sync: NotRequired[FluxSyncArgs]
+    """Make Flux sync a git repository (GitRepository + Kustomization from `get_flux_sync`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FluxManifests:
+    """The rendered install, split in apply order."""
+
+    crds: list[dict[str, Any]]
+    resources: list[dict[str, Any]]
+    host_run: list[str]
+    """Deployments left out because their controller runs on the host."""
+
+
+def validate_flux_args(args: FluxArgs) -> None:
+    version = args.get("version", "")
+    if not VERSION_PATTERN.match(version):
+        raise ValueError(f"flux version {version!r} must look like v2.9.5 (with the leading v); "
+                         "the Flux provider asks for `latest` otherwise")
+    components = list(args.get("components", DEFAULT_COMPONENTS))
+    unknown = sorted(set(components) - set(DEFAULT_COMPONENTS))
+    if unknown:
+        raise ValueError(f"flux components {unknown} are unknown; choose from {list(DEFAULT_COMPONENTS)}")
+    host = args.get("host_controllers")
+    if host:
+        elsewhere = [component for component in components if component not in host]
+        if elsewhere:
+            raise ValueError(f"flux components {elsewhere} would be scheduled on kwok nodes where nothing runs; "
+                             f"remove them from `components` or run them on the host (`host_controllers`)")
+
+
+def build_flux_manifests(content: str, host_controllers: Sequence[str] = ()) -> FluxManifests:
+    """Split `get_flux_install`'s multi-document YAML into CRDs and the rest, dropping the
+    Deployments of host-run controllers."""
+    crds, resources, host_run = [], [], []
+    for document in yaml.safe_load_all(content):
+        if not document:
+            continue
+        if document.get("kind") == "CustomResourceDefinition":
+            crds.append(document)
+        elif document.get("kind") == "Deployment" and document["metadata"]["name"] in host_controllers:
+            host_run.append(document["metadata"]["name"])
+        else:
+            resources.append(document)
+    if not crds:
+        raise ValueError("the Flux install has no CustomResourceDefinitions; check `version` and `baseurl`")
+    return FluxManifests(crds=crds, resources=resources, host_run=host_run)
+
+
+class Flux(pulumi.ComponentResource):
+    """Flux controllers, CRDs first, and optionally a git sync."""
+
+    namespace: pulumi.Output[str]
+    """Namespace of the Flux controllers and sources."""
+    version: pulumi.Output[str]
+    """Installed Flux release."""
+    host_run: pulumi.Output[list[str]]
+    """Controllers whose Deployment was left out because they run on the host."""
+
+    def __init__(self, name: str, args: FluxArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("strata:index:Flux", name, {}, opts)
+        validate_flux_args(args)
+        namespace = args.get("namespace", "flux-system")
+        host_controllers = list(args.get("host_controllers", ()))
+        child = pulumi.ResourceOptions(parent=self, provider=args["provider"])
+        install = flux.get_flux_install_output(
+            target_path="strata", version=args["version"], namespace=namespace,
+            components=list(args.get("components", DEFAULT_COMPONENTS)), baseurl=args.get("baseurl"),
+            network_policy=args.get("network_policy", True), opts=pulumi.InvokeOptions(parent=self))
+        manifests = install.content.apply(lambda content: build_flux_manifests(content, host_controllers))
+        crds = k8s.yaml.v2.ConfigGroup(f"{name}-crds", objs=manifests.apply(lambda m: m.crds), opts=child)
+        controllers = k8s.yaml.v2.ConfigGroup(
+            f"{name}-install", objs=manifests.apply(lambda m: m.resources),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[crds])))
+        if "sync" in args:
+            sync = args["sync"]
+            rendered = flux.get_flux_sync_output(
+                target_path=sync.get("path", "./"), url=sync["url"], branch=sync.get("branch", "main"),
+                name=namespace, namespace=namespace, interval=sync.get("interval_minutes", 1),
+                secret=sync.get("secret_name"), opts=pulumi.InvokeOptions(parent=self))
+            k8s.yaml.v2.ConfigGroup(
+                f"{name}-sync", yaml=rendered.content,
+                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[controllers])))
+        self.namespace = pulumi.Output.from_input(namespace)
+        self.version = pulumi.Output.from_input(args["version"])
+        self.host_run = manifests.apply(lambda m: m.host_run)
+        self.register_outputs({"namespace": self.namespace, "version": self.version, "host_run": self.host_run})

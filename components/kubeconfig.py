@@ -1,0 +1,62 @@
+"""Pure kubeconfig rendering and parsing shared by the components (no Pulumi, no cluster)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+
+import yaml
+
+
+def _document(cluster: str, server: str, ca_data: str, user: str, credentials: dict,
+              namespace: str | None) -> str:
+    context: dict[str, str] = {"cluster": cluster, "user": user}
+    if namespace:
+        context["namespace"] = namespace
+    return yaml.safe_dump({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster, "cluster": {"server": server, "certificate-authority-data": ca_data}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": cluster, "context": context}],
+        "current-context": cluster,
+    }, sort_keys=False)
+
+
+def build_token_kubeconfig(*, cluster: str, server: str, ca_data: str, user: str, token: str,
+                           namespace: str | None = None) -> str:
+    """A one-context kubeconfig authenticating with a bearer token (e.g. a ServiceAccount's).
+
+    `ca_data` is the base64 PEM bundle, as found in kubeconfigs and in a token Secret's `ca.crt`.
+    """
+    if not token:
+        raise ValueError(f"kubeconfig for {user!r}: the token is empty; wait until the token Secret is populated")
+    return _document(cluster, server, ca_data, user, {"token": token}, namespace)
+
+
+def build_exec_kubeconfig(*, cluster: str, server: str, ca_data: str, command: str, args: Sequence[str],
+                          env: dict[str, str] | None = None, namespace: str | None = None) -> str:
+    """A kubeconfig whose credentials come from an exec plugin (gke-gcloud-auth-plugin, aws eks get-token)."""
+    plugin: dict = {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": command, "args": list(args),
+                    "interactiveMode": "Never", "provideClusterInfo": False}
+    if env:
+        plugin["env"] = [{"name": key, "value": value} for key, value in sorted(env.items())]
+    return _document(cluster, server, ca_data, cluster, {"exec": plugin}, namespace)
+
+
+def kubeconfig_cluster(kubeconfig: str) -> tuple[str, str]:
+    """(server URL, base64 CA data) of the current context's cluster of a kubeconfig document."""
+    try:
+        config = yaml.safe_load(kubeconfig)
+        current = config.get("current-context")
+        contexts = {item["name"]: item["context"] for item in config.get("contexts") or []}
+        clusters = {item["name"]: item["cluster"] for item in config.get("clusters") or []}
+        cluster = clusters[contexts[current]["cluster"]] if current else next(iter(clusters.values()))
+    except (yaml.YAMLError, AttributeError, KeyError, StopIteration, TypeError):
+        raise ValueError("the kubeconfig has no usable current-context cluster "
+                         "(expected clusters[].cluster.server and a current-context naming it)") from None
+    ca_data = cluster.get("certificate-authority-data")
+    if ca_data is None and cluster.get("certificate-authority"):
+        with open(cluster["certificate-authority"], "rb") as handle:
+            ca_data = base64.b64encode(handle.read()).decode()
+    return cluster["server"], ca_data or ""

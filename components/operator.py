@@ -1,0 +1,307 @@
+"""Operator: the Strata operator's CRDs, namespace, identity and least-privilege RBAC, and the operator itself.
+
+In-cluster it is a Deployment with probes and a metrics Service. In local mode (kwok nodes run
+nothing) it is a host process of the local platform, authenticated with the token of exactly the
+same ServiceAccount, so the RBAC it runs under is the RBAC that ships. CRDs and RBAC rules come
+from the `strata_operator` package (crds/*.yaml, rbac/*.yaml), never from copies.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+import pulumi
+import pulumi.dynamic
+import pulumi_kubernetes as k8s
+import yaml
+from typing_extensions import NotRequired
+
+from .cluster import plan_change
+from .kube_objects import build_token_secret, create_object, object_key, token_from_secret_data
+from .kubeconfig import build_token_kubeconfig
+
+OPERATOR_PACKAGE = "strata_operator"
+PROCESS_NAME = "strata-operator"
+LABELS = {"app.kubernetes.io/name": "strata-operator", "app.kubernetes.io/part-of": "strata"}
+
+
+class OperatorLocalArgs(TypedDict):
+    state_dir: str
+    """State directory of the local platform that supervises the operator process."""
+    server: pulumi.Input[str]
+    """API server URL for the operator's kubeconfig."""
+    command: Sequence[str]
+    """argv of the operator process without the port flags, e.g. [<venv>/bin/python, -m, strata_operator]."""
+
+
+class OperatorArgs(TypedDict):
+    provider: k8s.Provider
+    """Provider of the cluster the operator manages."""
+    mode: Literal["in-cluster", "local"]
+    """Run as a Deployment, or as a host process of the local platform."""
+    namespace: NotRequired[str]
+    """Namespace of the operator (default strata-system)."""
+    service_account: NotRequired[str]
+    """ServiceAccount the operator runs as (default strata-operator)."""
+    image: NotRequired[str]
+    """Container image (in-cluster mode, required)."""
+    image_pull_policy: NotRequired[str]
+    """IfNotPresent (default), Always or Never."""
+    resources: NotRequired[Mapping[str, Mapping[str, str]]]
+    """Container requests/limits (default 100m/256Mi requested, 1Gi memory limit)."""
+    metrics_port: NotRequired[int]
+    """Port of the Prometheus metrics (default 8383)."""
+    health_port: NotRequired[int]
+    """Port of /healthz (default 8384); in local mode the start waits until it answers."""
+    args: NotRequired[Sequence[str]]
+    """Extra operator flags (e.g. --concurrency=20, --namespace=apps)."""
+    env: NotRequired[Mapping[str, str]]
+    """Extra environment variables of the operator."""
+    local: NotRequired[OperatorLocalArgs]
+    """Settings of local mode."""
+
+
+def load_packaged_manifests(directory: str) -> list[dict[str, Any]]:
+    """Every YAML document in strata_operator/<directory>/*.yaml, in file-name order."""
+    root = importlib.resources.files(OPERATOR_PACKAGE) / directory
+    files = sorted((entry for entry in root.iterdir() if entry.name.endswith(".yaml")), key=lambda e: e.name) \
+        if root.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"no {OPERATOR_PACKAGE}/{directory}/*.yaml found; is strata installed completely?")
+    return [document for entry in files for document in yaml.safe_load_all(entry.read_text()) if document]
+
+
+def build_operator_identity(namespace: str, service_account: str) -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": LABELS}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": service_account, "namespace": namespace, "labels": LABELS}},
+    ]
+
+
+def build_operator_rbac(namespace: str, service_account: str, packaged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The packaged ClusterRoles/Roles (rules as shipped), each bound to this ServiceAccount only.
+    Bindings and ServiceAccounts in the package are ignored: the subject is decided here."""
+    subject = [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]
+    objects: list[dict[str, Any]] = []
+    for role in packaged:
+        kind = role.get("kind")
+        if kind not in ("ClusterRole", "Role"):
+            continue
+        name = role["metadata"]["name"]
+        metadata: dict[str, Any] = {"name": name, "labels": LABELS}
+        if kind == "Role":
+            metadata["namespace"] = namespace
+        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": metadata,
+                        "rules": role["rules"]})
+        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding",
+                        "metadata": dict(metadata),
+                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+                        "subjects": subject})
+    if not any(item["kind"] == "ClusterRole" for item in objects):
+        raise ValueError(f"{OPERATOR_PACKAGE}/rbac/*.yaml has no ClusterRole: the operator could not watch Stacks")
+    return objects
+
+
+DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+
+
+DEFAULT_METRICS_PORT = 8383
+DEFAULT_HEALTH_PORT = 8384
+CONTAINER_COMMAND = ["python", "-m", "strata_operator"]
+
+
+def build_operator_flags(metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
+                         extra: Sequence[str] = ()) -> list[str]:
+    """Flags of `python -m strata_operator` (see strata_operator.main)."""
+    return [f"--metrics-port={metrics_port}", f"--health-port={health_port}", *extra]
+
+
+def build_operator_deployment(namespace: str, service_account: str, image: str, *,
+                              metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
+                              resources: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                              args: Sequence[str] = (), image_pull_policy: str = "IfNotPresent") -> dict[str, Any]:
+    """The in-cluster operator: one replica (one Kopf peer per cluster), probes on /healthz, hardened pod."""
+    if not image:
+        raise ValueError("operator: `image` is required in in-cluster mode (e.g. ghcr.io/acme/strata-operator:0.1.0)")
+    probe = {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 10}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": PROCESS_NAME, "namespace": namespace, "labels": LABELS},
+        "spec": {
+            "replicas": 1,
+            # Never two operators at once: both would run updates of the same Stacks.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": LABELS["app.kubernetes.io/name"]}},
+            "template": {
+                "metadata": {"labels": LABELS},
+                "spec": {
+                    "serviceAccountName": service_account,
+                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "operator", "image": image, "imagePullPolicy": image_pull_policy,
+                        "command": CONTAINER_COMMAND,
+                        "args": build_operator_flags(metrics_port, health_port, args),
+                        "env": [{"name": key, "value": value} for key, value in sorted((env or {}).items())],
+                        "ports": [{"name": "metrics", "containerPort": metrics_port},
+                                  {"name": "health", "containerPort": health_port}],
+                        "livenessProbe": {**probe, "initialDelaySeconds": 15, "failureThreshold": 6},
+                        "readinessProbe": {**probe, "initialDelaySeconds": 5},
+                        "resources": dict(resources or DEFAULT_RESOURCES),
+                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}},
+                        # Pulumi workdirs and per-Stack virtualenvs.
+                        "volumeMounts": [{"name": "work", "mountPath": "/tmp"}],
+                    }],
+                    "volumes": [{"name": "work", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def build_operator_metrics_service(namespace: str, metrics_port: int = DEFAULT_METRICS_PORT) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": f"{PROCESS_NAME}-metrics", "namespace": namespace, "labels": LABELS},
+        "spec": {"selector": {"app.kubernetes.io/name": LABELS["app.kubernetes.io/name"]},
+                 "ports": [{"name": "metrics", "port": metrics_port, "targetPort": "metrics"}]},
+    }
+
+
+def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every non-CRD object of the operator for its mode, in apply order."""
+    namespace = args.get("namespace", "strata-system")
+    service_account = args.get("service_account", "strata-operator")
+    objects = [*build_operator_identity(namespace, service_account),
+               *build_operator_rbac(namespace, service_account, packaged_rbac)]
+    if args["mode"] == "local":
+        return [*objects, build_token_secret(namespace, service_account, f"{service_account}-token", LABELS)]
+    if args["mode"] != "in-cluster":
+        raise ValueError(f"operator mode {args['mode']!r} is not supported; use in-cluster or local")
+    metrics_port = args.get("metrics_port", DEFAULT_METRICS_PORT)
+    return [*objects,
+            build_operator_deployment(namespace, service_account, args.get("image", ""), metrics_port=metrics_port,
+                                      health_port=args.get("health_port", DEFAULT_HEALTH_PORT),
+                                      resources=args.get("resources"), env=args.get("env"), args=args.get("args", ()),
+                                      image_pull_policy=args.get("image_pull_policy", "IfNotPresent")),
+            build_operator_metrics_service(namespace, metrics_port)]
+
+
+# -- local mode: the operator as a supervised host process ---------------------------------------
+
+def _platform(props: dict[str, Any]):
+    from strata_components.local.platform import LocalPlatform, PlatformConfig
+
+    return LocalPlatform(PlatformConfig(state_dir=Path(props["state_dir"])))
+
+
+def _kubeconfig_path(props: dict[str, Any]) -> Path:
+    return Path(props["state_dir"]) / "kubeconfigs" / f"{props['name']}.kubeconfig"
+
+
+class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
+    """Starts the operator beside the local platform with only its ServiceAccount's kubeconfig."""
+
+    def _start(self, props: dict[str, Any]) -> dict[str, Any]:
+        from strata_components.local.kube import http_ok, write_private
+        from strata_components.local.processes import HostProcess
+
+        path = write_private(_kubeconfig_path(props), props["kubeconfig"])
+        process = HostProcess(props["name"], list(props["command"]), env={**props["env"], "KUBECONFIG": str(path)})
+        health_url = props.get("health_url")
+        _platform(props).start_controller(process, ready=(lambda: http_ok(health_url)) if health_url else None)
+        return props
+
+    def _stop(self, props: dict[str, Any]) -> None:
+        _platform(props).stop_controller(props["name"])
+        _kubeconfig_path(props).unlink(missing_ok=True)
+
+    def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
+        return pulumi.dynamic.CreateResult(id_=f"{props['state_dir']}#{props['name']}", outs=self._start(props))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
+        from strata_components.local.processes import running_pid
+
+        running = running_pid(_platform(olds).run_dir, olds["name"]) is not None
+        return plan_change(olds, news, replace_on=("state_dir", "name"),
+                           update_on=("command", "env", "kubeconfig", "health_url"), running=running)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
+        self._stop(olds)
+        return pulumi.dynamic.UpdateResult(outs=self._start(news))
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        self._stop(props)
+
+
+class OperatorProcess(pulumi.dynamic.Resource):
+    """The operator as a host process of the local platform."""
+
+    kubeconfig: pulumi.Output[str]
+
+    def __init__(self, name: str, *, state_dir: str, command: Sequence[str], env: Mapping[str, str],
+                 kubeconfig: pulumi.Input[str], health_url: str | None, opts: pulumi.ResourceOptions | None = None):
+        props = {"state_dir": str(Path(state_dir).expanduser()), "name": PROCESS_NAME, "command": list(command),
+                 "env": dict(env), "kubeconfig": kubeconfig, "health_url": health_url}
+        super().__init__(OperatorProcessProvider(), name, props, pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"])))
+
+
+class Operator(pulumi.ComponentResource):
+    """The Strata operator with its CRDs and least-privilege identity."""
+
+    namespace: pulumi.Output[str]
+    """Namespace of the operator."""
+    service_account: pulumi.Output[str]
+    """ServiceAccount the operator runs as."""
+    kubeconfig: pulumi.Output[str] | None
+    """Local mode: the operator's ServiceAccount kubeconfig (secret); None in-cluster."""
+
+    def __init__(self, name: str, args: OperatorArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("strata:index:Operator", name, {}, opts)
+        if args["mode"] == "local" and "local" not in args:
+            raise ValueError("operator mode local needs `local` settings (state_dir, server, command)")
+        child = pulumi.ResourceOptions(parent=self, provider=args["provider"])
+        crds = [create_object(f"{name}-{object_key(crd)}", crd, child)
+                for crd in load_packaged_manifests("crds")]
+        created: dict[str, pulumi.CustomResource] = {}
+        for manifest in build_operator_objects(args, load_packaged_manifests("rbac")):
+            after = list(created.values()) if manifest["kind"] in ("Deployment", "Secret") else \
+                [created[key] for key in created if key.startswith(("namespace-", "serviceaccount-"))]
+            if manifest["kind"] == "Deployment":
+                after += crds
+            created[object_key(manifest)] = create_object(
+                f"{name}-{object_key(manifest)}", manifest,
+                pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=after)))
+
+        namespace = args.get("namespace", "strata-system")
+        service_account = args.get("service_account", "strata-operator")
+        self.kubeconfig = None
+        if args["mode"] == "local":
+            local = args["local"]
+            token_secret = created[f"secret-{namespace}-{service_account}-token"]
+            token = token_secret.data.apply(token_from_secret_data)
+            self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(local["server"], token_secret.data, token).apply(
+                lambda values: build_token_kubeconfig(cluster="strata", server=values[0],
+                                                      ca_data=values[1].get("ca.crt", ""),
+                                                      user=f"system:serviceaccount:{namespace}:{service_account}",
+                                                      token=values[2], namespace=namespace)))
+            if not local.get("command"):
+                raise ValueError("operator local mode: `local.command` (argv of the operator process) is required")
+            health_port = args.get("health_port", DEFAULT_HEALTH_PORT)
+            flags = build_operator_flags(args.get("metrics_port", DEFAULT_METRICS_PORT), health_port,
+                                         args.get("args", ()))
+            OperatorProcess(f"{name}-process", state_dir=local["state_dir"], command=[*local["command"], *flags],
+                            env=args.get("env", {}), kubeconfig=self.kubeconfig,
+                            health_url=f"http://127.0.0.1:{health_port}/healthz" if health_port else None,
+                            opts=pulumi.ResourceOptions(parent=self, depends_on=[*crds, *created.values()]))
+        self.namespace = pulumi.Output.from_input(namespace)
+        self.service_account = pulumi.Output.from_input(service_account)
+        outputs: dict[str, Any] = {"namespace": self.namespace, "service_account": self.service_account}
+        if self.kubeconfig is not None:
+            outputs["kubeconfig"] = self.kubeconfig
+        self.register_outputs(outputs)

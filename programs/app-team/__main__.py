@@ -1,0 +1,41 @@
+"""Layer 2 (app team): the team's app in its own namespace, with a provider built from the team's
+kubeconfig (read from the platform stack by reference), so it can touch nothing else.
+
+Config: platformStack (fully qualified), team, image (default nginx:1.27), replicas (default 2).
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+config = pulumi.Config()
+team = config.require("team")
+platform = pulumi.StackReference(config.require("platformStack"))
+
+
+def pick(outputs: dict, what: str):
+    if team not in outputs:
+        raise ValueError(f"the platform stack has no {what} for team {team!r}; teams: {sorted(outputs)}")
+    return outputs[team]
+
+
+kubeconfig = pulumi.Output.secret(platform.require_output("teamKubeconfigs").apply(lambda m: pick(m, "kubeconfig")))
+namespace = platform.require_output("teamNamespaces").apply(lambda m: pick(m, "namespace"))
+provider = k8s.Provider("team", kubeconfig=kubeconfig, namespace=namespace)
+labels = {"app.kubernetes.io/name": "app", "strata.dev/team": team}
+opts = pulumi.ResourceOptions(provider=provider)
+deployment = k8s.apps.v1.Deployment(
+    "app", metadata={"namespace": namespace, "labels": labels},
+    spec={"replicas": config.get_int("replicas") or 2, "selector": {"matchLabels": labels},
+          "template": {"metadata": {"labels": labels},
+                       "spec": {"containers": [{"name": "app", "image": config.get("image") or "nginx:1.27",
+                                                "ports": [{"name": "http", "containerPort": 80}]}]}}},
+    opts=opts)
+service = k8s.core.v1.Service(
+    "app", metadata={"namespace": namespace, "labels": labels},
+    spec={"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}, opts=opts)
+
+pulumi.export("namespace", namespace)
+pulumi.export("deployment", deployment.metadata.name)
+pulumi.export("service", service.metadata.name)

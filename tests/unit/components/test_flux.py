@@ -1,0 +1,90 @@
+"""Flux: CRDs applied before everything else, host-run controllers lose their Deployment, optional sync."""
+
+from __future__ import annotations
+
+import pulumi_kubernetes as k8s
+import pytest
+import yaml
+from strata_mocks import FLUX_INSTALL
+
+from strata_components.flux import Flux, build_flux_manifests, validate_flux_args
+
+
+def _provider():
+    return k8s.Provider("k8s", kubeconfig="apiVersion: v1\nkind: Config\n")
+
+
+def test_install_splits_crds_from_the_rest_and_orders_them(harness):
+    def program():
+        flux = Flux("flux", {"provider": _provider(), "version": "v2.9.5", "baseurl": "http://127.0.0.1:8099"})
+        return {"namespace": flux.namespace, "host_run": flux.host_run}
+
+    out = harness.run(program)
+    assert out["namespace"].value == "flux-system" and out["host_run"].value == []
+    component = harness.one("strata:index:Flux")
+    crds = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-crds")
+    install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
+    assert crds.parent == component.urn and install.parent == component.urn
+    assert crds.urn in install.dependencies
+    assert {o["kind"] for o in crds.inputs["objs"]} == {"CustomResourceDefinition"}
+    assert "CustomResourceDefinition" not in {o["kind"] for o in install.inputs["objs"]}
+    deployments = [o["metadata"]["name"] for o in install.inputs["objs"] if o["kind"] == "Deployment"]
+    assert deployments == ["source-controller", "kustomize-controller"]
+    provider = harness.one("pulumi:providers:kubernetes")
+    assert harness.provider_urn(crds.provider) == provider.urn == harness.provider_urn(install.provider)
+    invoke = next(call for call in harness.mocks.calls if call.token.startswith("flux:index/getFluxInstall"))
+    assert invoke.args["version"] == "v2.9.5" and invoke.args["baseurl"] == "http://127.0.0.1:8099"
+    assert invoke.args["components"] == ["source-controller", "kustomize-controller", "helm-controller",
+                                         "notification-controller"]
+
+
+def test_local_mode_runs_controllers_on_the_host_not_as_deployments(harness):
+    def program():
+        flux = Flux("flux", {"provider": _provider(), "version": "v2.9.5",
+                             "components": ["source-controller", "kustomize-controller"],
+                             "host_controllers": ["source-controller", "kustomize-controller"]})
+        return {"host_run": flux.host_run}
+
+    out = harness.run(program)
+    assert sorted(out["host_run"].value) == ["kustomize-controller", "source-controller"]
+    install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
+    kinds = [o["kind"] for o in install.inputs["objs"]]
+    assert "Deployment" not in kinds
+    # Identities and RBAC stay: host controllers can be pointed at their ServiceAccounts.
+    assert kinds.count("ServiceAccount") == 2 and "ClusterRoleBinding" in kinds
+
+
+def test_sync_comes_after_the_controllers(harness):
+    def program():
+        Flux("flux", {"provider": _provider(), "version": "v2.9.5",
+                      "sync": {"url": "http://127.0.0.1:9418/fleet.git", "branch": "main", "path": "clusters/dev"}})
+
+    harness.run(program)
+    install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
+    sync = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-sync")
+    assert install.urn in sync.dependencies and sync.parent == harness.one("strata:index:Flux").urn
+    assert "kind: GitRepository" in sync.inputs["yaml"] and "kind: Kustomization" in sync.inputs["yaml"]
+    call = next(c for c in harness.mocks.calls if c.token.startswith("flux:index/getFluxSync"))
+    assert call.args["url"] == "http://127.0.0.1:9418/fleet.git" and call.args["targetPath"] == "clusters/dev"
+
+
+def test_build_flux_manifests_keeps_every_document_exactly_once():
+    manifests = build_flux_manifests(FLUX_INSTALL, host_controllers=["source-controller"])
+    names = [(o["kind"], o["metadata"]["name"]) for o in manifests.crds + manifests.resources]
+    documents = [d for d in yaml.safe_load_all(FLUX_INSTALL) if d]
+    assert len(names) == len(set(names)) == len(documents) - 1
+    assert ("Deployment", "source-controller") not in names and ("Deployment", "kustomize-controller") in names
+    assert manifests.host_run == ["source-controller"]
+    with pytest.raises(ValueError, match="no CustomResourceDefinitions"):
+        build_flux_manifests("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"version": "2.9.5"}, "leading v"),
+    ({"version": "latest"}, "leading v"),
+    ({"version": "v2.9.5", "components": ["image-reflector-controller2"]}, "unknown"),
+    ({"version": "v2.9.5", "host_controllers": ["source-controller"]}, "kwok"),
+])
+def test_bad_flux_args_are_rejected_with_the_field(args, message):
+    with pytest.raises(ValueError, match=message):
+        validate_flux_args(args)

@@ -1,0 +1,150 @@
+"""Operator: packaged CRDs and RBAC (least privilege, rule by rule), in-cluster Deployment, local host process."""
+
+from __future__ import annotations
+
+import pulumi_kubernetes as k8s
+import pytest
+import yaml
+from strata_mocks import FAKE_CA, fake_token
+
+from strata_components.operator import (Operator, build_operator_deployment, build_operator_objects,
+                                        build_operator_rbac, load_packaged_manifests)
+
+READ = {"get", "list", "watch"}
+
+
+def _grants(rules):
+    grants = {}
+    for rule in rules:
+        assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault((group, resource), set()).update(rule["verbs"])
+    return grants
+
+
+def test_packaged_operator_rbac_is_least_privilege_rule_by_rule():
+    (role,) = [o for o in build_operator_rbac("strata-system", "strata-operator", load_packaged_manifests("rbac"))
+               if o["kind"] == "ClusterRole"]
+    assert _grants(role["rules"]) == {
+        ("pulumi.com", "stacks"): {"get", "list", "watch", "patch", "update"},
+        ("pulumi.com", "stacks/status"): {"get", "patch", "update"},
+        ("pulumi.com", "programs"): READ,
+        ("source.toolkit.fluxcd.io", "gitrepositories"): READ,
+        ("source.toolkit.fluxcd.io", "ocirepositories"): READ,
+        ("source.toolkit.fluxcd.io", "buckets"): READ,
+        ("", "secrets"): {"get"}, ("", "configmaps"): {"get"},
+        ("", "serviceaccounts/token"): {"create"},
+        ("", "events"): {"create", "patch"}, ("events.k8s.io", "events"): {"create", "patch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        ("", "namespaces"): {"list", "watch"},
+        ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    }
+
+
+def test_operator_rbac_never_grants_wildcards_deletes_or_escalation():
+    objects = build_operator_rbac("ops", "op", load_packaged_manifests("rbac"))
+    for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+            assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+            assert "rbac.authorization.k8s.io" not in rule["apiGroups"]
+            # Secrets are read one by one (refs), never listed or watched.
+            if "secrets" in rule["resources"]:
+                assert rule["verbs"] == ["get"]
+
+
+def test_operator_rbac_binds_only_the_given_service_account():
+    objects = build_operator_rbac("ops", "op", load_packaged_manifests("rbac"))
+    bindings = [o for o in objects if o["kind"].endswith("Binding")]
+    assert bindings and all(b["subjects"] == [{"kind": "ServiceAccount", "name": "op", "namespace": "ops"}]
+                            for b in bindings)
+    # The package's own ServiceAccount / binding (fixed to strata-system) are not applied.
+    assert not [o for o in objects if o["kind"] == "ServiceAccount"]
+
+
+def test_packaged_crds_define_pulumi_com_stack_and_program():
+    crds = load_packaged_manifests("crds")
+    assert {(c["spec"]["group"], c["spec"]["names"]["kind"]) for c in crds} == {("pulumi.com", "Stack"),
+                                                                                ("pulumi.com", "Program")}
+
+
+def test_deployment_is_hardened_with_probes_and_ports():
+    deployment = build_operator_deployment("ops", "op", "registry/strata:1", metrics_port=9000, health_port=9001,
+                                           args=["--concurrency=4"], env={"X": "1"})
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod["serviceAccountName"] == "op" and pod["securityContext"]["runAsNonRoot"] is True
+    assert container["command"] == ["python", "-m", "strata_operator"]
+    assert container["args"] == ["--metrics-port=9000", "--health-port=9001", "--concurrency=4"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9000, "health": 9001}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["resources"]["limits"]["memory"]
+    assert container["env"] == [{"name": "X", "value": "1"}]
+    with pytest.raises(ValueError, match="image"):
+        build_operator_deployment("ops", "op", "")
+
+
+def test_objects_per_mode():
+    packaged = load_packaged_manifests("rbac")
+    incluster = [o["kind"] for o in build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i"},
+                                                           packaged)]
+    local = [o["kind"] for o in build_operator_objects({"provider": None, "mode": "local"}, packaged)]
+    assert incluster == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"]
+    assert local == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Secret"]
+    with pytest.raises(ValueError, match="in-cluster or local"):
+        build_operator_objects({"provider": None, "mode": "docker"}, packaged)
+
+
+def test_in_cluster_operator_graph(harness):
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1\nkind: Config\n")
+        operator = Operator("operator", {"provider": provider, "mode": "in-cluster", "image": "registry/strata:1"})
+        return {"namespace": operator.namespace}
+
+    out = harness.run(program)
+    assert out["namespace"].value == "strata-system"
+    component = harness.one("strata:index:Operator")
+    crds = harness.all("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
+    deployment = harness.one("kubernetes:apps/v1:Deployment")
+    binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+    namespace = harness.one("kubernetes:core/v1:Namespace")
+    service = harness.one("kubernetes:core/v1:Service")
+    assert len(crds) == 2
+    for child in [*crds, deployment, binding, namespace, service]:
+        assert child.parent == component.urn
+    assert {c.urn for c in crds} <= set(deployment.dependencies)
+    assert binding.urn in deployment.dependencies and namespace.urn in service.dependencies
+    assert not harness.all("pulumi-python:dynamic:Resource")
+
+
+def test_local_operator_runs_on_the_host_with_its_own_service_account_token(harness):
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1\nkind: Config\n")
+        operator = Operator("operator", {
+            "provider": provider, "mode": "local", "health_port": 18384,
+            "local": {"state_dir": "/tmp/strata-state", "server": "https://127.0.0.1:6443",
+                      "command": ["/venv/bin/python", "-m", "strata_operator"]}})
+        return {"kubeconfig": operator.kubeconfig}
+
+    out = harness.run(program)
+    assert out["kubeconfig"].secret
+    config = yaml.safe_load(out["kubeconfig"].value)
+    assert config["users"][0]["user"] == {"token": fake_token("strata-system", "strata-operator")}
+    assert config["clusters"][0]["cluster"]["certificate-authority-data"] == FAKE_CA
+    assert not harness.all("kubernetes:apps/v1:Deployment")
+    process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
+    assert process.parent == harness.one("strata:index:Operator").urn
+    assert process.inputs["command"] == ["/venv/bin/python", "-m", "strata_operator", "--metrics-port=8383",
+                                         "--health-port=18384"]
+    assert process.inputs["health_url"] == "http://127.0.0.1:18384/healthz"
+    assert "kubeconfig" in process.additional_secret_outputs
+    secret = harness.one("kubernetes:core/v1:Secret")
+    binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+    assert secret.urn in process.dependencies and binding.urn in process.dependencies
+    assert all(c.urn in process.dependencies
+               for c in harness.all("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"))

@@ -1,0 +1,143 @@
+"""The bootstrap program and the layered platform / app-team programs, under mocks.
+
+StackReference hand-off: each layer reads the previous one's outputs through a mocked
+`pulumi:pulumi:StackReference` and must keep secret values secret.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from strata_mocks import Harness, admin_kubeconfig, fake_token, secret_value
+
+ROOT = Path(__file__).resolve().parents[3]
+BOOTSTRAP_STACK = "organization/strata/dev"
+PLATFORM_STACK = "organization/strata-platform/dev"
+
+
+def dev_config() -> dict:
+    """Pulumi.dev.yaml's config, as the engine would pass it."""
+    document = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    assert document["secretsprovider"] == "passphrase"
+    return {key.split(":", 1)[1]: value for key, value in document["config"].items()}
+
+
+def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(monkeypatch):
+    monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "dev-passphrase")
+    harness = Harness(config=dev_config(), project="strata", stack="dev")
+    out = harness.run_program(ROOT / "__main__.py")
+
+    assert out["kubeconfig"].secret and yaml.safe_load(out["kubeconfig"].value)["kind"] == "Config"
+    assert out["operatorNamespace"].value == "strata-system" and out["fluxNamespace"].value == "flux-system"
+    cluster = harness.one("strata:index:Cluster")
+    flux = harness.one("strata:index:Flux")
+    operator = harness.one("strata:index:Operator")
+    platform = harness.one("pulumi-python:dynamic:Resource", "strata-platform")
+    assert platform.inputs["host_controllers"] == ["source-controller", "kustomize-controller"]
+    # depends_on a component waits for its children: the operator comes after Flux's CRDs and install.
+    assert {r.urn for r in harness.children(flux)} <= set(operator.dependencies)
+    provider = harness.one("pulumi:providers:kubernetes")
+    assert provider.parent == cluster.urn
+    install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
+    assert "Deployment" not in {o["kind"] for o in install.inputs["objs"]}  # host controllers in local mode
+    invoke = next(c for c in harness.mocks.calls if c.token.startswith("flux:index/getFluxInstall"))
+    assert invoke.args["baseurl"] == "http://127.0.0.1:8399" and invoke.args["version"] == "v2.9.5"
+    process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
+    assert process.inputs["command"][1:3] == ["-m", "strata_operator"]
+
+    stack = harness.one("kubernetes:pulumi.com/v1:Stack")
+    spec = stack.inputs["spec"]
+    assert spec["projectRepo"] == "http://127.0.0.1:8398/strata.git" and spec["repoDir"] == "programs/platform"
+    assert spec["config"]["strata-platform:bootstrapStack"] == BOOTSTRAP_STACK
+    assert [t["name"] for t in json.loads(spec["config"]["strata-platform:teams"])] == ["alpha", "beta"]
+    assert spec["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]["secret"]["name"] == "strata-pulumi-passphrase"
+    assert process.urn in stack.dependencies  # the operator is running before its first Stack exists
+    passphrase = harness.one("kubernetes:core/v1:Secret", "platform-passphrase")
+    assert passphrase.urn in stack.dependencies
+    # The passphrase reaches the cluster only inside a Secret, never in the Stack object.
+    assert "dev-passphrase" not in json.dumps(stack.inputs)
+
+
+def test_bootstrap_rejects_an_unknown_cluster_mode():
+    harness = Harness(config={"cluster": {"mode": "kind"}}, project="strata", stack="dev")
+    with pytest.raises(ValueError, match="cluster mode 'kind'"):
+        harness.run_program(ROOT / "__main__.py")
+
+
+def test_platform_layer_reads_the_bootstrap_stack_and_exports_secret_team_credentials():
+    harness = Harness(
+        project="strata-platform", stack="dev",
+        config={"bootstrapStack": BOOTSTRAP_STACK, "backend": "file:///state",
+                "teams": json.dumps([{"name": "alpha", "repo": "http://127.0.0.1:8398/alpha.git"},
+                                     {"name": "beta", "readNamespaces": ["shared"]}]),
+                "statePassphrase": "pp"},
+        stack_outputs={BOOTSTRAP_STACK: {"kubeconfig": admin_kubeconfig(), "server": "https://127.0.0.1:6443"}},
+        secret_outputs={BOOTSTRAP_STACK: ["kubeconfig"]})
+    out = harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
+
+    reference = harness.one("pulumi:pulumi:StackReference")
+    assert reference.inputs["name"] == BOOTSTRAP_STACK
+    provider = harness.one("pulumi:providers:kubernetes", "cluster")
+    assert secret_value(provider.inputs["kubeconfig"]) == admin_kubeconfig()
+    assert reference.urn in provider.dependencies
+    assert out["teamKubeconfigs"].secret and out["teamTokens"].secret
+    assert not out["teamNamespaces"].secret
+    assert out["teamNamespaces"].value == {"alpha": "team-alpha", "beta": "team-beta"}
+    alpha = yaml.safe_load(out["teamKubeconfigs"].value["alpha"])
+    assert alpha["users"][0]["user"]["token"] == fake_token("team-alpha", "team-alpha")
+    assert alpha["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
+    # alpha has a program: source + Stack running as the team; beta has none.
+    stack = harness.one("kubernetes:pulumi.com/v1:Stack")
+    assert stack.inputs["metadata"]["namespace"] == "team-alpha"
+    assert stack.inputs["spec"]["serviceAccountName"] == "team-alpha"
+    assert stack.inputs["spec"]["config"] == {"strata-app-team:platformStack": PLATFORM_STACK,
+                                              "strata-app-team:team": "alpha"}
+    assert stack.inputs["spec"]["backend"] == "file:///state"
+    roles = {r.inputs["metadata"]["namespace"] for r in harness.all("kubernetes:rbac.authorization.k8s.io/v1:Role")}
+    assert roles == {"team-alpha", "team-beta", "shared"}
+    assert [s.name for s in harness.all("kubernetes:core/v1:Secret") if "passphrase" in s.name] == ["alpha-passphrase"]
+
+
+def test_app_team_layer_deploys_with_the_team_kubeconfig_only():
+    team_kubeconfig = admin_kubeconfig().replace("admin-secret-token", "alpha-token")
+    harness = Harness(
+        project="strata-app-team", stack="alpha",
+        config={"platformStack": PLATFORM_STACK, "team": "alpha"},
+        stack_outputs={PLATFORM_STACK: {"teamKubeconfigs": {"alpha": team_kubeconfig, "beta": "other"},
+                                        "teamNamespaces": {"alpha": "team-alpha", "beta": "team-beta"}}},
+        secret_outputs={PLATFORM_STACK: ["teamKubeconfigs", "teamTokens"]})
+    out = harness.run_program(ROOT / "programs" / "app-team" / "__main__.py")
+
+    provider = harness.one("pulumi:providers:kubernetes", "team")
+    assert secret_value(provider.inputs["kubeconfig"]) == team_kubeconfig
+    assert provider.inputs["namespace"] == "team-alpha"
+    deployment = harness.one("kubernetes:apps/v1:Deployment")
+    service = harness.one("kubernetes:core/v1:Service")
+    for resource in (deployment, service):
+        assert harness.provider_urn(resource.provider) == provider.urn
+        assert resource.inputs["metadata"]["namespace"] == "team-alpha"
+    assert out["namespace"].value == "team-alpha"
+
+
+def test_app_team_with_an_unknown_team_fails_naming_the_teams():
+    harness = Harness(
+        project="strata-app-team", stack="gamma", config={"platformStack": PLATFORM_STACK, "team": "gamma"},
+        stack_outputs={PLATFORM_STACK: {"teamKubeconfigs": {"alpha": "k"}, "teamNamespaces": {"alpha": "team-alpha"}}})
+    with pytest.raises(Exception, match="no .* for team 'gamma'"):
+        harness.run_program(ROOT / "programs" / "app-team" / "__main__.py")
+
+
+def test_example_program_uses_the_library_from_outside(tmp_path):
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(admin_kubeconfig())
+    harness = Harness(project="strata-example-team-sandbox", stack="dev",
+                      config={"kubeconfigPath": str(kubeconfig), "team": "demo"})
+    out = harness.run_program(ROOT / "examples" / "team-sandbox" / "__main__.py")
+    assert out["teamKubeconfig"].secret
+    stack = harness.one("kubernetes:pulumi.com/v1:Stack")
+    assert stack.inputs["metadata"]["namespace"] == "team-demo"
+    assert stack.inputs["spec"]["serviceAccountName"] == "team-demo"
+    assert harness.one("kubernetes:pulumi.com/v1:Program").urn in stack.dependencies

@@ -1,0 +1,138 @@
+"""TeamEnvironment: namespace-scoped least privilege, rule by rule, and a secret kubeconfig of the team's SA."""
+
+from __future__ import annotations
+
+import pulumi_kubernetes as k8s
+import pytest
+import yaml
+from strata_mocks import FAKE_CA, fake_token
+
+from strata_components.team import (TeamEnvironment, build_team_objects, build_team_rules, build_team_stack_spec,
+                                    build_viewer_rules, team_names)
+
+READ = ["get", "list", "watch"]
+WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
+
+
+def _grants(rules):
+    """{(apiGroup, resource): verbs} of a rule list."""
+    grants = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert (group, resource) not in grants, f"{group}/{resource} granted twice"
+                grants[(group, resource)] = rule["verbs"]
+    return grants
+
+
+def test_team_rules_rule_by_rule():
+    assert _grants(build_team_rules()) == {
+        ("", "configmaps"): WRITE, ("", "secrets"): WRITE, ("", "services"): WRITE, ("", "serviceaccounts"): WRITE,
+        ("", "persistentvolumeclaims"): WRITE,
+        ("", "pods"): READ, ("", "pods/log"): READ, ("", "events"): READ, ("", "endpoints"): READ,
+        ("apps", "deployments"): WRITE, ("apps", "statefulsets"): WRITE, ("apps", "replicasets"): READ,
+        ("batch", "jobs"): WRITE, ("batch", "cronjobs"): WRITE,
+        ("networking.k8s.io", "ingresses"): WRITE, ("autoscaling", "horizontalpodautoscalers"): WRITE,
+        ("events.k8s.io", "events"): READ,
+        ("pulumi.com", "stacks"): READ, ("pulumi.com", "programs"): READ,
+        ("source.toolkit.fluxcd.io", "gitrepositories"): READ,
+    }
+
+
+def test_no_rule_can_escalate():
+    for rule in build_team_rules() + build_viewer_rules():
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+        assert "rbac.authorization.k8s.io" not in rule["apiGroups"]
+        assert "resourcequotas" not in rule["resources"] and "namespaces" not in rule["resources"]
+        assert "nonResourceURLs" not in rule
+
+
+def test_viewer_rules_are_read_only_and_never_secrets():
+    grants = _grants(build_viewer_rules())
+    assert all(verbs == READ for verbs in grants.values())
+    assert ("", "secrets") not in grants
+
+
+def test_team_objects_are_namespace_scoped():
+    objects = build_team_objects("alpha", read_namespaces=["shared"])
+    kinds = [(o["kind"], o["metadata"].get("namespace")) for o in objects]
+    assert kinds == [("Namespace", None), ("ServiceAccount", "team-alpha"), ("Secret", "team-alpha"),
+                     ("Role", "team-alpha"), ("RoleBinding", "team-alpha"), ("Role", "shared"),
+                     ("RoleBinding", "shared")]
+    assert not any(o["kind"].startswith("Cluster") for o in objects)
+    for binding in (o for o in objects if o["kind"] == "RoleBinding"):
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "team-alpha", "namespace": "team-alpha"}]
+    secret = objects[2]
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "team-alpha"}
+
+
+@pytest.mark.parametrize("bad", ["Alpha", "a_b", "-a", "x" * 51, ""])
+def test_team_names_must_be_dns_labels(bad):
+    with pytest.raises(ValueError, match="DNS label"):
+        team_names(bad)
+
+
+def test_team_cannot_read_its_own_namespace_as_viewer():
+    with pytest.raises(ValueError, match="own namespace"):
+        build_team_objects("alpha", read_namespaces=["team-alpha"])
+
+
+def test_team_environment_graph_and_secret_kubeconfig(harness):
+    def program():
+        provider = k8s.Provider("admin", kubeconfig="apiVersion: v1\nkind: Config\n")
+        team = TeamEnvironment("alpha", {"provider": provider, "team": "alpha", "server": "https://127.0.0.1:6443",
+                                         "source": {"url": "http://127.0.0.1:9418/alpha.git"},
+                                         "stack": {"stack": "organization/app/alpha", "dir": "programs/app-team",
+                                                   "backend": "file:///state"}})
+        return {"kubeconfig": team.kubeconfig, "token": team.token, "namespace": team.namespace}
+
+    out = harness.run(program)
+    assert out["namespace"].value == "team-alpha"
+    assert out["token"].secret and out["token"].value == fake_token("team-alpha", "team-alpha")
+    assert out["kubeconfig"].secret
+    config = yaml.safe_load(out["kubeconfig"].value)
+    assert config["users"][0]["user"] == {"token": fake_token("team-alpha", "team-alpha")}
+    assert config["clusters"][0]["cluster"] == {"server": "https://127.0.0.1:6443",
+                                                "certificate-authority-data": FAKE_CA}
+    assert config["contexts"][0]["context"]["namespace"] == "team-alpha"
+
+    component = harness.one("strata:index:TeamEnvironment")
+    provider = harness.one("pulumi:providers:kubernetes")
+    namespace = harness.one("kubernetes:core/v1:Namespace")
+    account = harness.one("kubernetes:core/v1:ServiceAccount")
+    secret = harness.one("kubernetes:core/v1:Secret")
+    role = harness.one("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    source = harness.one("kubernetes:source.toolkit.fluxcd.io/v1:GitRepository")
+    stack = harness.one("kubernetes:pulumi.com/v1:Stack")
+    for child in (namespace, account, secret, role, binding, source, stack):
+        assert child.parent == component.urn, child.name
+        assert harness.provider_urn(child.provider) == provider.urn, child.name
+    for child in (account, secret, role, binding, source):
+        assert namespace.urn in child.dependencies, child.name
+    assert account.urn in secret.dependencies and account.urn in binding.dependencies
+    assert role.inputs["rules"] == build_team_rules()
+    assert not harness.all("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
+    assert not harness.all("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+    assert source.urn in stack.dependencies and binding.urn in stack.dependencies
+    assert stack.inputs["spec"]["serviceAccountName"] == "team-alpha"
+    assert stack.inputs["spec"]["fluxSource"]["sourceRef"]["name"] == "team-alpha"
+
+
+def test_team_stack_without_source_is_rejected(harness):
+    def program():
+        provider = k8s.Provider("admin", kubeconfig="apiVersion: v1\nkind: Config\n")
+        TeamEnvironment("a", {"provider": provider, "team": "a", "server": "https://x", "stack": {"stack": "s"}})
+
+    with pytest.raises(ValueError, match="add `source`"):
+        harness.run(program)
+
+
+def test_team_stack_spec_runs_as_the_team():
+    spec = build_team_stack_spec("beta", "team-beta", {"stack": "o/p/beta", "config": {"app:replicas": "2"},
+                                                       "extra": {"refresh": True}})
+    assert spec["service_account_name"] == "team-beta" and spec["refresh"] is True
+    assert spec["config"] == {"app:replicas": "2"}
