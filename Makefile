@@ -38,7 +38,7 @@ test-unit: venv
 	@$(VPY) tests/run.py --tiers unit
 
 bench: setup
-	@$(VPY) benchmarks/platform.py
+	@$(VPY) benchmarks/local_platform.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,7 +1,7 @@
 """Local platform figures: toolchain cold/warm per entry, start to /readyz, first Deployment Available, RSS.
 
-    .venv/bin/python benchmarks/platform.py            # recorded cold build times, measured warm path
-    .venv/bin/python benchmarks/platform.py --cold kwok   # also rebuild entries cold in a scratch cache
+    .venv/bin/python benchmarks/local_platform.py            # recorded cold build times, measured warm path
+    .venv/bin/python benchmarks/local_platform.py --cold kwok   # also rebuild entries cold in a scratch cache
 
 Cold times come from each entry's manifest (recorded when it was built) unless --cold rebuilds it
 in a scratch STRATA_CACHE and GOCACHE, which takes as long as it says.
