@@ -124,11 +124,13 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     message = request["message"] or None
     stdout = ""
     summary: dict[str, int] = {}
+    outputs: dict[str, auto.OutputValue] | None = None
     if request["refresh"] and operation in ("up", "preview"):
         stack.refresh(expect_no_changes=request["expect_no_refresh_changes"] or None, message=message)
     if operation == "up":
         result = stack.up(target=targets, target_dependents=request["target_dependents"] or None, message=message)
-        stdout, summary = result.stdout, dict(result.summary.resource_changes or {})
+        # up() already read the outputs; reading them again costs two more CLI runs.
+        stdout, summary, outputs = result.stdout, dict(result.summary.resource_changes or {}), result.outputs
     elif operation == "preview":
         preview = stack.preview(target=targets, target_dependents=request["target_dependents"] or None,
                                 message=message)
@@ -140,9 +142,12 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     elif operation == "destroy":
         destroyed = stack.destroy(target=targets, message=message)
         stdout, summary = destroyed.stdout, dict(destroyed.summary.resource_changes or {})
-    outputs = {} if operation in ("preview", "destroy") else {
-        name: {"value": out.value, "secret": out.secret} for name, out in stack.outputs().items()}
-    return {"outcome": "succeeded", "outputs": outputs, "permalink": _permalink(stdout), "summary": summary}
+    if operation in ("preview", "destroy"):
+        outputs = {}
+    elif outputs is None:
+        outputs = stack.outputs()
+    return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary,
+            "outputs": {name: {"value": out.value, "secret": out.secret} for name, out in outputs.items()}}
 
 
 def main() -> int:

@@ -1,0 +1,95 @@
+"""The Strata operator as a host process of the local platform, under a token of its own ServiceAccount.
+
+Its CRDs and RBAC are server-side applied as shipped in the strata_operator package, and its only
+credential is a TokenRequest token of the ServiceAccount that RBAC binds: a missing rule shows up
+as a failure, never hidden behind an admin kubeconfig. It gets a clean environment (see
+HostProcess.inherit_env) and the toolchain's pulumi CLI and YAML host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import sys
+import urllib.request
+from pathlib import Path
+
+from . import processes
+from .kube import api_client, http_ok, load_documents, server_side_apply, write_private
+from .platform import LocalPlatform
+from .toolchain import Toolchain
+
+OPERATOR_NAMESPACE = "strata-system"
+OPERATOR_SERVICE_ACCOUNT = "strata-operator"
+PROCESS_NAME = "strata-operator"
+
+
+def operator_manifests(kind: str) -> list[dict]:
+    """The operator package's shipped manifests: kind is "crds" or "rbac"."""
+    root = importlib.resources.files("strata_operator") / kind
+    return load_documents(sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".yaml")))
+
+
+def install_operator_api(kubeconfig: Path, field_manager: str = "strata") -> None:
+    """Namespace, CRDs (waited until Established) and RBAC of the operator."""
+    from kubernetes import client
+
+    crds = operator_manifests("crds")
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}}
+    server_side_apply(kubeconfig, [namespace, *crds], field_manager=field_manager)
+    with api_client(kubeconfig) as api:
+        extensions = client.ApiextensionsV1Api(api)
+
+        def established() -> bool:
+            return all(any(c.type == "Established" and c.status == "True"
+                           for c in extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions
+                           or []) for crd in crds)
+
+        processes.wait_until(established, 30, "Stack and Program CRDs established")
+    server_side_apply(kubeconfig, operator_manifests("rbac"), field_manager=field_manager)
+
+
+@dataclasses.dataclass
+class OperatorHost:
+    """A started (or startable) operator host process."""
+
+    platform: LocalPlatform
+    process: processes.HostProcess
+    health_url: str
+    metrics_url: str
+    state_dir: Path
+
+    @property
+    def log(self) -> Path:
+        return self.platform.log_dir / f"{self.process.name}.log"
+
+    def pid(self) -> int | None:
+        return processes.running_pid(self.platform.run_dir, self.process.name)
+
+    def start(self, timeout: float = 90) -> int:
+        return self.platform.start_controller(self.process, ready=lambda: http_ok(self.health_url), timeout=timeout)
+
+    def stop(self) -> bool:
+        return self.platform.stop_controller(self.process.name)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            return response.read().decode()
+
+
+def operator_host(platform: LocalPlatform, toolchain: Toolchain, state_dir: Path, *,
+                  extra_args: tuple[str, ...] = (), token_seconds: int = 6 * 3600) -> OperatorHost:
+    """Install the operator's API and describe its process (call .start()); state lives in `state_dir`."""
+    install_operator_api(platform.kubeconfig_path)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    kubeconfig = write_private(state_dir / "kubeconfig",
+                               platform.token_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, token_seconds))
+    metrics_port, health_port = processes.free_ports(2)
+    argv = [sys.executable, "-m", "strata_operator", "--kubeconfig", str(kubeconfig),
+            "--pulumi", str(toolchain.dir("pulumi") / "bin" / "pulumi"),
+            "--plugin-dir", str(toolchain.dir("pulumi-yaml") / "bin"),
+            "--state-dir", str(state_dir / "state"),
+            "--metrics-port", str(metrics_port), "--health-port", str(health_port), *extra_args]
+    process = processes.HostProcess(PROCESS_NAME, argv, env={"KUBECONFIG": str(kubeconfig)}, inherit_env=False)
+    return OperatorHost(platform, process, health_url=f"http://127.0.0.1:{health_port}/healthz",
+                        metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", state_dir=state_dir / "state")
