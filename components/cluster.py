@@ -132,7 +132,8 @@ class LocalPlatformProvider(pulumi.dynamic.ResourceProvider):
     def _outputs(self, props: dict[str, Any]) -> dict[str, Any]:
         info = _platform(props).up(say=_quiet)
         return {**props, "kubeconfig": info.kubeconfig, "server": info.server,
-                "kubeconfig_path": str(info.kubeconfig_path)}
+                "kubeconfig_path": str(info.kubeconfig_path), "flux_bundle_url": info.flux_bundle_url,
+                "git_url": info.git.base_url}
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
         return pulumi.dynamic.CreateResult(id_=str(Path(props["state_dir"]).resolve()), outs=self._outputs(props))
@@ -149,18 +150,23 @@ class LocalPlatformProvider(pulumi.dynamic.ResourceProvider):
 
 
 class LocalPlatformResource(pulumi.dynamic.Resource):
-    """The local platform as one resource; its admin kubeconfig is a secret output."""
+    """The local platform as one resource; its admin kubeconfig is a secret output. Its ports are
+    picked free on first start, so the URLs of its servers are outputs too."""
 
     kubeconfig: pulumi.Output[str]
     server: pulumi.Output[str]
     kubeconfig_path: pulumi.Output[str]
+    flux_bundle_url: pulumi.Output[str]
+    """pulumi-flux's `baseurl` for the offline Flux install bundle the platform serves."""
+    git_url: pulumi.Output[str]
+    """Base URL of the platform's git server (a repository is `<git_url>/<name>.git`)."""
 
     def __init__(self, name: str, args: LocalClusterArgs, opts: pulumi.ResourceOptions | None = None):
         props = {
             "state_dir": str(Path(args["state_dir"]).expanduser()),
             "nodes": args.get("nodes", 1),
             "host_controllers": list(args.get("host_controllers", DEFAULT_HOST_CONTROLLERS)),
-            "kubeconfig": None, "server": None, "kubeconfig_path": None,
+            "kubeconfig": None, "server": None, "kubeconfig_path": None, "flux_bundle_url": None, "git_url": None,
         }
         super().__init__(LocalPlatformProvider(), name, props,
                          pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
@@ -206,6 +212,8 @@ class Cluster(pulumi.ComponentResource):
     """Cluster name."""
     server: pulumi.Output[str]
     """API server URL."""
+    local_platform: LocalPlatformResource | None
+    """Mode `local`: the platform resource (state directory, git server and Flux bundle URLs); else None."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("strata:index:Cluster", name, {}, opts)
@@ -213,9 +221,10 @@ class Cluster(pulumi.ComponentResource):
         mode = args["mode"]
         child = pulumi.ResourceOptions(parent=self)
         provider_settings: dict[str, Any] = {}
+        self.local_platform = None
         if mode == "local":
-            platform = LocalPlatformResource(f"{name}-platform", args["local"], child)
-            kubeconfig, cluster_name = platform.kubeconfig, pulumi.Output.from_input(name)
+            self.local_platform = LocalPlatformResource(f"{name}-platform", args["local"], child)
+            kubeconfig, cluster_name = self.local_platform.kubeconfig, pulumi.Output.from_input(name)
             # The platform pre-installs flux-system and the Flux CRDs its host controllers need, so
             # the Flux install must adopt them instead of failing with AlreadyExists.
             provider_settings["upsert_existing_objects"] = True
@@ -272,18 +281,9 @@ class Cluster(pulumi.ComponentResource):
 
         region = args["region"]
         subnet_ids = args.get("subnet_ids") or self._eks_network(name, args, child)
-        cluster_role = aws.iam.Role(f"{name}-cluster-role", assume_role_policy=build_assume_role_policy(
-            "eks.amazonaws.com"), opts=child)
-        cluster_attachments = [
-            aws.iam.RolePolicyAttachment(f"{name}-cluster-policy-{index}", role=cluster_role.name,
-                                         policy_arn=arn, opts=child)
-            for index, arn in enumerate(EKS_CLUSTER_POLICIES)]
-        node_role = aws.iam.Role(f"{name}-node-role", assume_role_policy=build_assume_role_policy(
-            "ec2.amazonaws.com"), opts=child)
-        node_attachments = [
-            aws.iam.RolePolicyAttachment(f"{name}-node-policy-{index}", role=node_role.name,
-                                         policy_arn=arn, opts=child)
-            for index, arn in enumerate(EKS_NODE_POLICIES)]
+        cluster_role, cluster_attachments = self._aws_role(f"{name}-cluster", "eks.amazonaws.com",
+                                                           EKS_CLUSTER_POLICIES, child)
+        node_role, node_attachments = self._aws_role(f"{name}-node", "ec2.amazonaws.com", EKS_NODE_POLICIES, child)
         cluster = aws.eks.Cluster(
             f"{name}-cluster", region=region, role_arn=cluster_role.arn, version=args.get("kubernetes_version"),
             vpc_config={"subnet_ids": subnet_ids}, access_config={"authentication_mode": "API_AND_CONFIG_MAP"},
@@ -298,6 +298,17 @@ class Cluster(pulumi.ComponentResource):
         kubeconfig = pulumi.Output.all(cluster.name, cluster.endpoint, cluster.certificate_authority).apply(
             lambda values: build_eks_kubeconfig(values[0], values[1], values[2]["data"], region))
         return kubeconfig, cluster.name
+
+    @staticmethod
+    def _aws_role(prefix: str, service: str, policies: Sequence[str], child: pulumi.ResourceOptions):
+        """An IAM role `service` may assume, with `policies` attached; returns it and the attachments to wait for."""
+        import pulumi_aws as aws
+
+        role = aws.iam.Role(f"{prefix}-role", assume_role_policy=build_assume_role_policy(service), opts=child)
+        attachments = [aws.iam.RolePolicyAttachment(f"{prefix}-policy-{index}", role=role.name, policy_arn=arn,
+                                                    opts=child)
+                       for index, arn in enumerate(policies)]
+        return role, attachments
 
     def _eks_network(self, name: str, args: EksClusterArgs, child: pulumi.ResourceOptions) -> list[pulumi.Output[str]]:
         import ipaddress

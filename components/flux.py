@@ -45,7 +45,7 @@ class FluxArgs(TypedDict):
     """Flux release, starting with "v" (e.g. v2.9.5)."""
     components: NotRequired[Sequence[str]]
     """Controllers to install (default source, kustomize, helm and notification controllers)."""
-    baseurl: NotRequired[str]
+    baseurl: NotRequired[pulumi.Input[str]]
     """Where the install bundle is downloaded from (`<baseurl>/download/<version>/manifests.tar.gz`);
     GitHub releases when absent."""
     namespace: NotRequired[str]

@@ -1,4 +1,4 @@
-"""Pure kubeconfig rendering and parsing shared by the components (no Pulumi, no cluster)."""
+"""Pure kubeconfig rendering and parsing, for the components and the local platform (no Pulumi, no cluster)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,18 @@ def build_token_kubeconfig(*, cluster: str, server: str, ca_data: str, user: str
     if not token:
         raise ValueError(f"kubeconfig for {user!r}: the token is empty; wait until the token Secret is populated")
     return _document(cluster, server, ca_data, user, {"token": token}, namespace)
+
+
+def build_client_certificate_kubeconfig(*, cluster: str, server: str, ca_data: str, user: str,
+                                        certificate_data: str, key_data: str, namespace: str | None = None) -> str:
+    """A one-context kubeconfig authenticating with a client certificate (all data base64 PEM)."""
+    return _document(cluster, server, ca_data, user,
+                     {"client-certificate-data": certificate_data, "client-key-data": key_data}, namespace)
+
+
+def pem_data(pem: str) -> str:
+    """A PEM document as the base64 `*-data` fields of a kubeconfig carry it."""
+    return base64.b64encode(pem.encode()).decode()
 
 
 def build_exec_kubeconfig(*, cluster: str, server: str, ca_data: str, command: str, args: Sequence[str],

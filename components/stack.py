@@ -98,9 +98,9 @@ class StackSpec(TypedDict):
     """Secrets provider (e.g. passphrase, awskms://...)."""
     use_local_stack_only: NotRequired[bool]
     """Do not create the stack in the backend."""
-    project_repo: NotRequired[str]
+    project_repo: NotRequired[pulumi.Input[str]]
     """Git repository of the program (source: git)."""
-    commit: NotRequired[str]
+    commit: NotRequired[pulumi.Input[str]]
     """Commit to deploy (with project_repo; exclusive with branch)."""
     branch: NotRequired[str]
     """Branch to follow (with project_repo; exclusive with commit)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import hmac
 import os
 import shutil
@@ -118,6 +119,12 @@ def _git(*args: str, cwd: Path | None = None) -> str:
     return result.stdout.strip()
 
 
+def blob_sha(content: str) -> str:
+    """The sha git gives a file with this content (what `GitRepos.tree` lists)."""
+    data = content.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 class GitRepos:
     """The repositories behind a git server: create them and commit files to them."""
 
@@ -162,6 +169,20 @@ class GitRepos:
             _git("commit", "-q", "--allow-empty", "-m", message, cwd=work)
             _git("push", "-q", str(bare), f"HEAD:refs/heads/{branch}", cwd=work)
             return _git("rev-parse", "HEAD", cwd=work)
+
+    def head(self, name: str, branch: str = "main") -> str | None:
+        """The commit sha at the tip of `branch`, or None when the repository or branch does not exist."""
+        result = subprocess.run(["git", "--git-dir", str(self.root / f"{name}.git"), "rev-parse", "--verify", "-q",
+                                 f"refs/heads/{branch}"], capture_output=True, text=True)
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    def tree(self, name: str, branch: str = "main") -> dict[str, str]:
+        """Blob sha of every file on `branch` by path ({} without such a branch); compare with `blob_sha`."""
+        if self.head(name, branch) is None:
+            return {}
+        listing = _git("--git-dir", str(self.root / f"{name}.git"), "ls-tree", "-r", "-z", f"refs/heads/{branch}")
+        entries = (line.split("\t", 1) for line in listing.split("\0") if line)
+        return {path: meta.split()[2] for meta, path in entries}
 
     def delete(self, name: str) -> None:
         shutil.rmtree(self.root / f"{name}.git", ignore_errors=True)

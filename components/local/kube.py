@@ -1,8 +1,7 @@
-"""Small Kubernetes helpers for the local platform: kubeconfigs, probes, server-side apply."""
+"""Small Kubernetes helpers for the local platform: private files, probes, server-side apply."""
 
 from __future__ import annotations
 
-import base64
 import ssl
 import urllib.error
 import urllib.request
@@ -10,34 +9,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
-
-
-def render_kubeconfig(server: str, ca_pem: str, *, user: str, client_cert_pem: str | None = None,
-                      client_key_pem: str | None = None, token: str | None = None,
-                      namespace: str | None = None) -> str:
-    """A one-context kubeconfig with either a client certificate or a bearer token."""
-
-    def b64(text: str) -> str:
-        return base64.b64encode(text.encode()).decode()
-
-    credentials: dict[str, str] = {}
-    if token is not None:
-        credentials["token"] = token
-    else:
-        credentials["client-certificate-data"] = b64(client_cert_pem or "")
-        credentials["client-key-data"] = b64(client_key_pem or "")
-    context: dict[str, str] = {"cluster": "strata-local", "user": user}
-    if namespace:
-        context["namespace"] = namespace
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "strata-local", "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
-        "users": [{"name": user, "user": credentials}],
-        "contexts": [{"name": "strata-local", "context": context}],
-        "current-context": "strata-local",
-    }
-    return yaml.safe_dump(config, sort_keys=False)
 
 
 def write_private(path: Path, text: str) -> Path:

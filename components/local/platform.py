@@ -19,7 +19,8 @@ from pathlib import Path
 from . import processes
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
-from .kube import http_ok, https_ok, load_documents, render_kubeconfig, server_side_apply, write_private
+from ..kubeconfig import build_client_certificate_kubeconfig, build_token_kubeconfig, pem_data
+from .kube import http_ok, https_ok, load_documents, server_side_apply, write_private
 from .pki import ensure_pki
 from .processes import HostProcess, ProcessError
 from .progress import Say, format_seconds, stderr_say, tail
@@ -31,6 +32,8 @@ FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 PORTS = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "git",
          "flux_bundle", "source_storage", "source_metrics", "source_health", "kustomize_metrics", "kustomize_health")
 HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
+# Cluster and context name in the kubeconfigs the platform writes.
+KUBECONFIG_CLUSTER = "strata-local"
 
 
 class PlatformError(Exception):
@@ -215,13 +218,14 @@ class LocalPlatform:
 
     def _write_kubeconfigs(self, ports: dict[str, int]) -> None:
         server = f"https://127.0.0.1:{ports['apiserver']}"
-        ca = (self.pki / "ca.crt").read_text()
+        ca_data = pem_data((self.pki / "ca.crt").read_text())
         for stem, path in (("admin", self.kubeconfig_path),
                            ("controller-manager", self.state / "kubeconfigs" / "controller-manager.kubeconfig"),
                            ("scheduler", self.state / "kubeconfigs" / "scheduler.kubeconfig")):
-            write_private(path, render_kubeconfig(
-                server, ca, user=stem, client_cert_pem=(self.pki / f"{stem}.crt").read_text(),
-                client_key_pem=(self.pki / f"{stem}.key").read_text()))
+            write_private(path, build_client_certificate_kubeconfig(
+                cluster=KUBECONFIG_CLUSTER, server=server, ca_data=ca_data, user=stem,
+                certificate_data=pem_data((self.pki / f"{stem}.crt").read_text()),
+                key_data=pem_data((self.pki / f"{stem}.key").read_text())))
 
     # -- lifecycle ----------------------------------------------------------------------------
     def up(self, say: Say = stderr_say) -> PlatformInfo:
@@ -365,8 +369,9 @@ class LocalPlatform:
                 {"spec": {"expirationSeconds": expiration_seconds}},
             ).status.token
         ports = json.loads((self.state / "platform.json").read_text())["ports"]
-        return render_kubeconfig(f"https://127.0.0.1:{ports['apiserver']}", (self.pki / "ca.crt").read_text(),
-                                 user=f"{namespace}-{service_account}", token=token, namespace=namespace)
+        return build_token_kubeconfig(cluster=KUBECONFIG_CLUSTER, server=f"https://127.0.0.1:{ports['apiserver']}",
+                                      ca_data=pem_data((self.pki / "ca.crt").read_text()),
+                                      user=f"{namespace}-{service_account}", token=token, namespace=namespace)
 
     def shell_env(self) -> dict[str, str]:
         """KUBECONFIG and a PATH with the toolchain's binaries first, for `strata local env`."""

@@ -9,20 +9,13 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
+from strata_components.layers import read_team_access
+
 config = pulumi.Config()
 team = config.require("team")
-platform = pulumi.StackReference(config.require("platformStack"))
-
-
-def pick(outputs: dict, what: str):
-    if team not in outputs:
-        raise ValueError(f"the platform stack has no {what} for team {team!r}; teams: {sorted(outputs)}")
-    return outputs[team]
-
-
-kubeconfig = pulumi.Output.secret(platform.require_output("teamKubeconfigs").apply(lambda m: pick(m, "kubeconfig")))
-namespace = platform.require_output("teamNamespaces").apply(lambda m: pick(m, "namespace"))
-provider = k8s.Provider("team", kubeconfig=kubeconfig, namespace=namespace)
+access = read_team_access(config.require("platformStack"), team)
+namespace = access.namespace
+provider = k8s.Provider("team", kubeconfig=access.kubeconfig, namespace=namespace)
 labels = {"app.kubernetes.io/name": "app", "strata.dev/team": team}
 opts = pulumi.ResourceOptions(provider=provider)
 deployment = k8s.apps.v1.Deployment(

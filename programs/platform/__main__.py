@@ -14,11 +14,8 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
+from strata_components.layers import PASSPHRASE_SECRET, read_cluster_access, this_stack
 from strata_components.team import TeamEnvironment, TeamEnvironmentArgs
-
-PASSPHRASE_SECRET = "strata-pulumi-passphrase"
-# The organization of every stack on a file:// (DIY) backend.
-DIY_ORGANIZATION = "organization"
 
 
 def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], platform_stack: str,
@@ -41,13 +38,13 @@ def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], pla
 
 
 config = pulumi.Config()
-bootstrap = pulumi.StackReference(config.require("bootstrapStack"))
+cluster = read_cluster_access(config.require("bootstrapStack"))
 teams = config.get_object("teams") or []
 if isinstance(teams, str):  # Stack config values arrive as strings
     teams = json.loads(teams)
-provider = k8s.Provider("cluster", kubeconfig=bootstrap.require_output("kubeconfig"))
-server = bootstrap.require_output("server")
-platform_stack = f"{pulumi.get_organization() or DIY_ORGANIZATION}/{pulumi.get_project()}/{pulumi.get_stack()}"
+provider = k8s.Provider("cluster", kubeconfig=cluster.kubeconfig)
+server = cluster.server
+platform_stack = this_stack()
 backend = config.get("backend")
 passphrase = config.get_secret("statePassphrase")
 

@@ -46,6 +46,7 @@ def dev_stack(tmp_path):
     dev = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
     dev["config"]["strata:cluster"]["local"]["stateDir"] = str(state)
     dev["config"]["strata:platform"]["backend"] = f"file://{backend}"
+    dev["config"]["strata:platform"]["sourceDir"] = str(ROOT)  # published to the platform's git server
     (project / "Pulumi.dev.yaml").write_text(yaml.safe_dump(dev))
     (project / "__main__.py").write_text((ROOT / "__main__.py").read_text())
     (project / ".venv").symlink_to(Path(sys.prefix))  # the interpreter running the tests has strata installed

@@ -5,11 +5,11 @@ No provider plugins exist here, so these programs use what the engine has built 
 `pulumi-resource-pulumi-python` shim the toolchain copies next to the CLI).
 """
 
-import sys
 import textwrap
-from pathlib import Path
 
 from pulumi import automation as auto
+
+from tests.engine.workspace import inline_stack, state_text, workspace_options
 
 YAML_PROJECT = textwrap.dedent("""\
     name: engine-yaml
@@ -32,24 +32,12 @@ YAML_PROJECT = textwrap.dedent("""\
 CANARY = "canary-0d6f1c0b-must-stay-encrypted"
 
 
-def _workspace_options(toolchain, pulumi_env, backend, work_dir=None, **extra):
-    env = {**pulumi_env, "PULUMI_BACKEND_URL": backend}
-    return auto.LocalWorkspaceOptions(
-        work_dir=str(work_dir) if work_dir else None, pulumi_home=pulumi_env["PULUMI_HOME"], env_vars=env,
-        pulumi_command=auto.PulumiCommand(root=str(toolchain.dir("pulumi"))), **extra)
-
-
-def _state_text(backend: str) -> str:
-    root = Path(backend.removeprefix("file://"))
-    return "\n".join(p.read_text() for p in root.rglob("*.json"))
-
-
 def test_yaml_project_up_preview_destroy_with_config_and_secret_output(toolchain, pulumi_env, file_backend, tmp_path):
     project = tmp_path / "project"
     project.mkdir()
     (project / "Pulumi.yaml").write_text(YAML_PROJECT)
     stack = auto.create_stack("dev", work_dir=str(project),
-                              opts=_workspace_options(toolchain, pulumi_env, file_backend, project))
+                              opts=workspace_options(toolchain, pulumi_env, file_backend, project))
     stack.set_config("greeting", auto.ConfigValue("hello"))
     stack.set_config("apiToken", auto.ConfigValue(CANARY, secret=True))
 
@@ -58,7 +46,7 @@ def test_yaml_project_up_preview_destroy_with_config_and_secret_output(toolchain
     assert up.summary.resource_changes == {"create": 2}  # the stack and the Stash
     assert up.outputs["message"].value == "hello"
     assert up.outputs["token"].secret is True and up.outputs["token"].value == CANARY
-    assert CANARY not in _state_text(file_backend)
+    assert CANARY not in state_text(file_backend)
     assert CANARY not in (project / "Pulumi.dev.yaml").read_text()
 
     preview = stack.preview()
@@ -109,10 +97,7 @@ def test_inline_python_program_with_a_dynamic_provider(toolchain, pulumi_env, fi
         entry = JournalEntry("entry", text)
         pulumi.export("length", entry.length)
 
-    env = {**pulumi_env, "PATH": f"{Path(sys.executable).parent}:{pulumi_env['PATH']}"}
-    opts = _workspace_options(toolchain, env, file_backend, work_dir=None,
-                              project_settings=auto.ProjectSettings(name="engine-inline", runtime="python"))
-    stack = auto.create_stack("dev", project_name="engine-inline", program=program, opts=opts)
+    stack = inline_stack(toolchain, pulumi_env, file_backend, "engine-inline", "dev", program)
     stack.set_config("text", auto.ConfigValue("four"))
     assert stack.up().outputs["length"].value == 4
     stack.set_config("text", auto.ConfigValue("sixsix"))

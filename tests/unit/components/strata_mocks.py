@@ -23,6 +23,16 @@ FLUX_INSTALL = (FIXTURES / "flux-install.yaml").read_text()
 FAKE_CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIfake\n-----END CERTIFICATE-----\n").decode()
 
 
+# What the local platform's dynamic provider reports for the servers on the ports it picked.
+FLUX_BUNDLE_URL = "http://127.0.0.1:41001"
+GIT_URL = "http://127.0.0.1:41002"
+
+
+def published_commit(digest: str) -> str:
+    """The commit a mocked ProjectRepo reports: one per content digest."""
+    return digest[:40]
+
+
 def fake_token(namespace: str, name: str) -> str:
     return f"token-of-{namespace}-{name}"
 
@@ -104,7 +114,10 @@ class StrataMocks(mocks.Mocks):
                              "ca.crt": FAKE_CA}
         elif args.typ == "pulumi-python:dynamic:Resource" and "host_controllers" in state:
             state.update(kubeconfig=admin_kubeconfig(), server="https://127.0.0.1:6443",
-                         kubeconfig_path=f"{state['state_dir']}/kubeconfig")
+                         kubeconfig_path=f"{state['state_dir']}/kubeconfig", flux_bundle_url=FLUX_BUNDLE_URL,
+                         git_url=GIT_URL)
+        elif args.typ == "pulumi-python:dynamic:Resource" and "digest" in state:
+            state.update(url=f"{state['git_url']}/{state['name']}.git", commit=published_commit(state["digest"]))
         elif args.typ == "gcp:container/cluster:Cluster":
             state.update(endpoint="34.1.2.3", masterAuth={"clusterCaCertificate": FAKE_CA,
                                                           "clientCertificateConfig": {"issueClientCertificate": False}})

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from strata_mocks import Harness, admin_kubeconfig, fake_token, secret_value
+from strata_mocks import (FLUX_BUNDLE_URL, GIT_URL, Harness, admin_kubeconfig, fake_token, published_commit,
+                          secret_value)
 
 ROOT = Path(__file__).resolve().parents[3]
 BOOTSTRAP_STACK = "organization/strata/dev"
@@ -43,14 +44,22 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     assert provider.parent == cluster.urn
     install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
     assert "Deployment" not in {o["kind"] for o in install.inputs["objs"]}  # host controllers in local mode
+    # The bundle URL is the platform's output (a port picked on first start), not a fixed one.
     invoke = next(c for c in harness.mocks.calls if c.token.startswith("flux:index/getFluxInstall"))
-    assert invoke.args["baseurl"] == "http://127.0.0.1:8399" and invoke.args["version"] == "v2.9.5"
+    assert invoke.args["baseurl"] == FLUX_BUNDLE_URL and invoke.args["version"] == "v2.9.5"
     process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
     assert process.inputs["command"][1:3] == ["-m", "strata_operator"]
 
+    # This project is published to the platform's git server; the Stack pins the published commit.
+    repo = harness.one("pulumi-python:dynamic:Resource", "project-repo")
+    assert repo.inputs["git_url"] == GIT_URL and repo.inputs["source_dir"] == str(ROOT)
+    assert {"programs", "components", "pyproject.toml"} <= set(repo.inputs["include"])
+    assert platform.urn in repo.dependencies
     stack = harness.one("kubernetes:pulumi.com/v1:Stack")
     spec = stack.inputs["spec"]
-    assert spec["projectRepo"] == "http://127.0.0.1:8398/strata.git" and spec["repoDir"] == "programs/platform"
+    assert spec["projectRepo"] == f"{GIT_URL}/strata.git" and spec["repoDir"] == "programs/platform"
+    assert spec["commit"] == published_commit(repo.inputs["digest"]) and "branch" not in spec
+    assert spec["config"]["strata-platform:backend"] == "file://~/.local/state/strata/pulumi"
     assert spec["config"]["strata-platform:bootstrapStack"] == BOOTSTRAP_STACK
     assert [t["name"] for t in json.loads(spec["config"]["strata-platform:teams"])] == ["alpha", "beta"]
     assert spec["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]["secret"]["name"] == "strata-pulumi-passphrase"

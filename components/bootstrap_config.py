@@ -1,0 +1,129 @@
+"""The bootstrap program's config (the `strata:*` keys of Pulumi.<stack>.yaml) turned into typed component args.
+
+The program reads `pulumi.Config` and passes the plain values here; these functions never read
+config themselves, so they are tested with real stack config through the engine and alone.
+Config keys are camelCase as written in the stack file; args are the components' snake_case.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from .cluster import DEFAULT_HOST_CONTROLLERS, ClusterArgs
+from .flux import FluxArgs
+from .layers import PASSPHRASE_SECRET
+from .operator import OperatorArgs
+from .project_repo import ProjectRepoArgs
+from .stack import StackSpec
+
+DEFAULT_STATE_DIR = "~/.local/state/strata/platform"
+DEFAULT_FLUX_VERSION = "v2.9.5"
+
+
+def cluster_args(settings: dict[str, Any]) -> ClusterArgs:
+    """`strata:cluster` -> ClusterArgs (mode local by default)."""
+    mode = settings.get("mode", "local")
+    args: ClusterArgs = {"mode": mode}
+    if mode == "local":
+        local = settings.get("local", {})
+        args["local"] = {"state_dir": local.get("stateDir", DEFAULT_STATE_DIR), "nodes": int(local.get("nodes", 1)),
+                         "host_controllers": list(local.get("hostControllers", DEFAULT_HOST_CONTROLLERS))}
+    elif mode == "existing":
+        existing = settings.get("existing", {})
+        args["existing"] = ({"kubeconfig_path": existing["kubeconfigPath"]} if "kubeconfigPath" in existing
+                            else {"kubeconfig": existing.get("kubeconfig", "")})
+        if "context" in existing:
+            args["existing"]["context"] = existing["context"]
+    elif mode == "gke":
+        gke = settings.get("gke", {})
+        args["gke"] = {"project": gke.get("project", ""), "region": gke.get("region", ""),
+                       "node_count": int(gke.get("nodeCount", 1))}
+    elif mode == "eks":
+        eks = settings.get("eks", {})
+        args["eks"] = {"region": eks.get("region", ""), "node_count": int(eks.get("nodeCount", 2))}
+        if "subnetIds" in eks:
+            args["eks"]["subnet_ids"] = eks["subnetIds"]
+    return args
+
+
+def flux_args(settings: dict[str, Any], provider: k8s.Provider, cluster: ClusterArgs,
+              bundle_url: pulumi.Input[str] | None = None) -> FluxArgs:
+    """`strata:flux` -> FluxArgs. In local mode the platform's host controllers are left out of the
+    install and, unless `baseurl` is configured, the bundle comes from the platform (`bundle_url`)."""
+    args: FluxArgs = {"provider": provider, "version": settings.get("version", DEFAULT_FLUX_VERSION)}
+    for key in ("components", "namespace"):
+        if key in settings:
+            args[key] = settings[key]
+    baseurl = settings.get("baseurl", bundle_url)
+    if baseurl is not None:
+        args["baseurl"] = baseurl
+    if cluster["mode"] == "local":
+        args["host_controllers"] = cluster["local"]["host_controllers"]
+    if "sync" in settings:
+        sync = settings["sync"]
+        if "url" not in sync:
+            raise ValueError("strata:flux.sync needs `url` (the git repository Flux syncs from)")
+        args["sync"] = {"url": sync["url"], "branch": sync.get("branch", "main"), "path": sync.get("path", "./")}
+    return args
+
+
+def operator_args(settings: dict[str, Any], provider: k8s.Provider, cluster: ClusterArgs,
+                  server: pulumi.Input[str], command: Sequence[str]) -> OperatorArgs:
+    """`strata:operator` -> OperatorArgs: a host process of the local platform (running `command`)
+    in local cluster mode unless `mode` says otherwise, a Deployment elsewhere."""
+    local_cluster = cluster["mode"] == "local"
+    args: OperatorArgs = {"provider": provider, "namespace": settings.get("namespace", "strata-system"),
+                          "mode": settings.get("mode", "local" if local_cluster else "in-cluster")}
+    for key in ("image", "args"):
+        if key in settings:
+            args[key] = settings[key]
+    if args["mode"] == "local":
+        state_dir = cluster["local"]["state_dir"] if local_cluster else settings.get("stateDir", DEFAULT_STATE_DIR)
+        args["local"] = {"state_dir": state_dir, "server": server, "command": list(command)}
+    return args
+
+
+def project_repo_args(settings: dict[str, Any], cluster: ClusterArgs, git_url: pulumi.Input[str] | None,
+                      program_dir: str) -> ProjectRepoArgs | None:
+    """`strata:platform` -> what to publish to the local platform's git server (at `git_url`) for the
+    platform Stack: the project at `sourceDir` (default: the bootstrap program's directory). None when
+    `repo` is configured or the cluster is not local (the Stack then needs `repo`)."""
+    if "repo" in settings or cluster["mode"] != "local" or git_url is None:
+        return None
+    return {"state_dir": cluster["local"]["state_dir"], "git_url": git_url,
+            "source_dir": settings.get("sourceDir", program_dir)}
+
+
+def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
+                        published: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None) -> StackSpec:
+    """`strata:platform` -> the Stack running programs/platform (layer 1), which reads `bootstrap_stack`
+    by reference. Its git source is `repo` + `branch` when configured, else `published` (url, commit)."""
+    spec: StackSpec = {
+        "stack": settings.get("stack", "organization/strata-platform/dev"),
+        "repo_dir": settings.get("dir", "programs/platform"),
+        "config": {"strata-platform:bootstrapStack": bootstrap_stack,
+                   "strata-platform:teams": json.dumps(teams)},
+        "secrets_ref": {"strata-platform:statePassphrase": {
+            "type": "Secret", "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}},
+        "env_refs": {"PULUMI_CONFIG_PASSPHRASE": {
+            "type": "Secret", "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}},
+        "destroy_on_finalize": True,
+    }
+    if "repo" in settings:
+        spec["project_repo"] = settings["repo"]
+        spec["branch"] = settings.get("branch", "main")
+    elif published is not None:
+        spec["project_repo"], spec["commit"] = published
+    else:
+        raise ValueError("strata:platform.repo is required outside local cluster mode: set it to the git URL of "
+                         "this repository (local mode publishes it to the platform's git server instead)")
+    if "backend" in settings:
+        spec["backend"] = settings["backend"]
+        spec["config"]["strata-platform:backend"] = settings["backend"]
+        spec["secrets_provider"] = "passphrase"
+    return spec

@@ -1,0 +1,64 @@
+"""The bootstrap program's config -> component args, alone (the engine tier feeds them real stack config)."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata_components.bootstrap_config import (cluster_args, flux_args, operator_args, platform_stack_spec,
+                                                project_repo_args)
+
+PROVIDER = None  # carried through untouched; the component tests cover what a provider does
+
+
+def test_local_defaults_take_the_bundle_url_of_the_platform_and_leave_host_controllers_out():
+    cluster = cluster_args({})
+    assert cluster == {"mode": "local", "local": {"state_dir": "~/.local/state/strata/platform", "nodes": 1,
+                                                  "host_controllers": ["source-controller", "kustomize-controller"]}}
+    flux = flux_args({"components": ["source-controller"]}, PROVIDER, cluster, bundle_url="http://127.0.0.1:5")
+    assert flux["baseurl"] == "http://127.0.0.1:5" and flux["version"] == "v2.9.5"
+    assert flux["host_controllers"] == ["source-controller", "kustomize-controller"]
+    assert flux_args({"baseurl": "http://mirror"}, PROVIDER, cluster, bundle_url="http://127.0.0.1:5")["baseurl"] \
+        == "http://mirror"
+    operator = operator_args({}, PROVIDER, cluster, server="https://127.0.0.1:6", command=["py", "-m", "op"])
+    assert operator["mode"] == "local" and operator["namespace"] == "strata-system"
+    assert operator["local"] == {"state_dir": "~/.local/state/strata/platform", "server": "https://127.0.0.1:6",
+                                 "command": ["py", "-m", "op"]}
+
+
+def test_existing_cluster_runs_the_operator_in_cluster_and_flux_from_github():
+    cluster = cluster_args({"mode": "existing", "existing": {"kubeconfigPath": "~/.kube/config", "context": "prod"}})
+    assert cluster["existing"] == {"kubeconfig_path": "~/.kube/config", "context": "prod"}
+    flux = flux_args({}, PROVIDER, cluster)
+    assert "baseurl" not in flux and "host_controllers" not in flux
+    operator = operator_args({"image": "ghcr.io/acme/op:1"}, PROVIDER, cluster, server="s", command=["x"])
+    assert operator["mode"] == "in-cluster" and operator["image"] == "ghcr.io/acme/op:1" and "local" not in operator
+
+
+def test_platform_stack_follows_a_configured_repo_or_pins_the_published_commit():
+    configured = platform_stack_spec({"repo": "https://git.example/strata.git"}, "organization/strata/prod", [])
+    assert configured["project_repo"] == "https://git.example/strata.git" and configured["branch"] == "main"
+    assert "commit" not in configured
+    published = platform_stack_spec({"backend": "file:///s"}, "organization/strata/dev", [{"name": "alpha"}],
+                                    ("http://127.0.0.1:7/strata.git", "abc123"))
+    assert (published["project_repo"], published["commit"]) == ("http://127.0.0.1:7/strata.git", "abc123")
+    assert "branch" not in published and published["secrets_provider"] == "passphrase"
+    assert published["config"]["strata-platform:backend"] == "file:///s"
+
+
+def test_platform_stack_without_a_source_names_the_key_to_set():
+    with pytest.raises(ValueError, match=r"strata:platform\.repo is required"):
+        platform_stack_spec({}, "organization/strata/prod", [])
+
+
+def test_flux_sync_without_url_names_the_field():
+    with pytest.raises(ValueError, match=r"strata:flux\.sync needs `url`"):
+        flux_args({"sync": {"branch": "main"}}, PROVIDER, cluster_args({}))
+
+
+def test_the_project_is_published_only_for_a_local_cluster_without_a_configured_repo():
+    local, existing = cluster_args({}), cluster_args({"mode": "existing", "existing": {"kubeconfig": "k"}})
+    assert project_repo_args({}, local, "http://127.0.0.1:9", "/src") == {
+        "state_dir": "~/.local/state/strata/platform", "git_url": "http://127.0.0.1:9", "source_dir": "/src"}
+    assert project_repo_args({"sourceDir": "/elsewhere"}, local, "http://g", "/src")["source_dir"] == "/elsewhere"
+    assert project_repo_args({"repo": "https://git.example/s.git"}, local, "http://g", "/src") is None
+    assert project_repo_args({}, existing, None, "/src") is None
