@@ -6,7 +6,6 @@ import base64
 import contextlib
 import dataclasses
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,17 +66,6 @@ class Bench:
 def is_ready(stack: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True"
                for c in (stack.get("status") or {}).get("conditions") or [])
-
-
-def wait(check, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached in {timeout:.0f}s")
-        time.sleep(interval)
 
 
 def rss_tree_mb(pid: int) -> tuple[float, float]:

@@ -18,7 +18,8 @@ import time
 
 import yaml
 
-from harness import PASSPHRASE, is_ready, platform_with_operator, stash_program, wait
+from harness import PASSPHRASE, is_ready, platform_with_operator, stash_program
+from strata_components.local.processes import wait_until
 from strata_components.local.toolchain import installed
 
 
@@ -53,7 +54,7 @@ def main() -> None:
             name = f"op{index}"
             started = time.monotonic()
             bench.create_stack(name, "one-stash", bench.backend(name))
-            wait(lambda: is_ready(bench.get_stack(name)), 120, f"Stack {name} Ready")
+            wait_until(lambda: is_ready(bench.get_stack(name)), 120, f"Stack {name} Ready", interval=0.05)
             operator.append(time.monotonic() - started)
             print(f"  round {index + 1}: bare up {up:5.2f}s (stack init {init:4.2f}s)   operator apply->Ready "
                   f"{operator[-1]:5.2f}s", flush=True)
