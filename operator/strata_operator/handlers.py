@@ -29,7 +29,7 @@ from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
 from .sources import (SourceError, download_artifact, flux_artifact, git_branch_head, git_checkout,
                       program_revision, safe_extract, subdir, write_program_project)
-from .spec import SpecInvalid, StackSpec, not_applicable_fields, parse_stack_spec
+from .spec import MIN_RESYNC_SECONDS, SpecInvalid, StackSpec, not_applicable_fields, parse_stack_spec
 
 RETRY_REFS_SECONDS = 30.0
 HOST = socket.gethostname()
@@ -39,6 +39,7 @@ HOST = socket.gethostname()
 class OperatorSettings:
     engine: EngineSettings = dataclasses.field(default_factory=EngineSettings)
     stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES
+    min_resync_seconds: int = MIN_RESYNC_SECONDS
     allow_operator_refs: bool = True  # PKO v1's Env/FS refs read the operator's env/files
     metrics_port: int = 8383
     kubeconfig: str | None = None
@@ -110,6 +111,9 @@ class StackSession:
         self.status.update(pending)
         self.requests = Requests.of(self.meta.get("annotations"), self.status)
 
+    def resync_seconds(self, spec: StackSpec) -> int:
+        return spec.resync_seconds(self.ctx.settings.min_resync_seconds)
+
     @property
     def key(self) -> str:
         return _key(self.namespace, self.name)
@@ -136,7 +140,8 @@ class StackSession:
                 changed[k] = redact(v)
         if "conditions" in changed:
             changed["conditions"] = [{**c, "message": redact(c["message"])} for c in changed["conditions"]]
-        await self.ctx.kube.patch_stack_status(self.namespace, self.name, changed)
+        await self.ctx.kube.patch_stack_status(
+            self.namespace, self.name, {k: st.merge_patch(self.status.get(k), v) for k, v in changed.items()})
         self.status.update(changed)
         self.watched.pending.update(changed)
 
@@ -179,7 +184,7 @@ async def _source_revision(session: StackSession, spec: StackSpec, resolved: Res
     branch_key = (session.generation, session.requests)
     sha, checked = watched.branch_head
     loop = asyncio.get_running_loop()
-    if not sha or branch_key != watched.branch_key or loop.time() - checked >= spec.resync_seconds:
+    if not sha or branch_key != watched.branch_key or loop.time() - checked >= session.resync_seconds(spec):
         sha = await asyncio.to_thread(git_branch_head, spec.project_repo, spec.branch, resolved.git)
         watched.branch_head, watched.branch_key = (sha, loop.time()), branch_key
     return sha, sha
@@ -208,7 +213,11 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
                    run_dir: Path, message: str = "") -> UpdateRequest:
     env = dict(resolved.env)
     if spec.service_account_name:
-        kubeconfig, token = await ctx.kube.service_account_kubeconfig(namespace, spec.service_account_name)
+        minted = await ctx.kube.service_account_kubeconfig(namespace, spec.service_account_name)
+        if minted is None:
+            raise RefError(f"spec.serviceAccountName: ServiceAccount {spec.service_account_name!r} not found in "
+                           f"namespace {namespace!r}")
+        kubeconfig, token = minted
         REDACTOR.add(token)
         path = run_dir / "kubeconfig"
         path.write_text(kubeconfig)
@@ -237,8 +246,13 @@ async def _recover_interrupted(session: StackSession, spec: StackSpec, resolved:
     result = await session.ctx.engine.recover(request)
     message = f"update {run.name} was interrupted (operator restart); {result.message}"
     _event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
-    last = st.failed_update(session.status.get("lastUpdate"), run, "UpdateInterrupted", message, "", _now())
+    last = st.failed_update(session.status.get("lastUpdate"), run, st.UPDATE_INTERRUPTED, message, "", _now())
     await session.write(lastUpdate=last, currentUpdate=None)
+
+
+async def _wait_for_reference(session: StackSession, err: RefError) -> float:
+    await session.write(st.Verdict("reconciling", st.RECONCILING_RETRY, f"waiting for a reference: {err}"))
+    return RETRY_REFS_SECONDS
 
 
 async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
@@ -262,12 +276,11 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     try:
         resolved = await resolve_stack(spec, session.namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
                                        ctx.settings.allow_operator_refs)
+        await _recover_interrupted(session, spec, resolved)
     except RefError as err:
-        await session.write(st.Verdict("reconciling", st.RECONCILING_RETRY, f"waiting for a reference: {err}"))
-        return RETRY_REFS_SECONDS
-    await _recover_interrupted(session, spec, resolved)
+        return await _wait_for_reference(session, err)
 
-    poll = float(spec.resync_seconds) if spec.branch else None
+    poll = float(session.resync_seconds(spec)) if spec.branch else None
     try:
         revision, handle = await _source_revision(session, spec, resolved)
     except SourceError as err:
@@ -277,7 +290,7 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         return poll if spec.project_repo else None
 
     plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
-                      _now(), ctx.settings.stall_after_failures)
+                      _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
     if plan.run is None:
         await session.write(plan.verdict)
         return plan.requeue_after
@@ -304,7 +317,6 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
                       handle: Any) -> float | None:
     ctx = session.ctx
-    _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message)
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
                        started=_now(), host=HOST)
@@ -316,10 +328,15 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             project = await _materialise(spec, handle, run_dir / "src", resolved)
         except (SourceError, SpecInvalid) as err:
             await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err))
-            return float(spec.resync_seconds) if spec.project_repo else None
+            return float(session.resync_seconds(spec)) if spec.project_repo else None
+        try:
+            request = await _request(ctx, spec, session.namespace, session.name, project, resolved, run_dir,
+                                     plan.message)
+        except RefError as err:
+            return await _wait_for_reference(session, err)
+        _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message)
         await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
                             currentUpdate=st.current_update(run))
-        request = await _request(ctx, spec, session.namespace, session.name, project, resolved, run_dir, plan.message)
         result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request))
         metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
@@ -337,7 +354,7 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
                    f"Failed to update stack: {result.message}", warning=True)
         after = plan_stack(spec, session.generation, session.requests, fields["lastUpdate"], revision, _now(),
-                           ctx.settings.stall_after_failures)
+                           ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
         # The run just recorded answers the plan; if planning wants another run now (e.g. the cooldown is 0)
         # come back immediately rather than writing a misleading verdict.
         await session.write(after.verdict or st.Verdict("reconciling", st.RECONCILING_PROCESSING, after.message),
@@ -430,6 +447,24 @@ for _kind, _plural in (("GitRepository", "gitrepositories"), ("OCIRepository", "
     kopf.on.event(FLUX_GROUP, _plural, id=f"flux-{_plural}")(_flux_changed(_kind))
 
 
+async def _destroy_project(session: StackSession, spec: StackSpec, resolved: Resolved, work: Path,
+                           logger: Any) -> Path:
+    """The program to destroy with: the source as it is now, else the last successful update's copy."""
+    try:
+        _, handle = await _source_revision(session, spec, resolved)
+        return await _materialise(spec, handle, work / "src", resolved)
+    except (SourceError, SpecInvalid) as err:
+        project = _stack_dir(session.ctx, session.namespace, session.name) / "last-successful"
+        if not project.is_dir():
+            message = (f"cannot destroy: the source is unavailable ({err}) and no successful update left a "
+                       f"copy of the program; restore the source, or remove the finalizer {FINALIZER} to "
+                       "abandon the stack's resources")
+            await session.stall(st.STALLED_DESTROY_BLOCKED, message, st.EVENT_UPDATE_FAILURE)
+            raise kopf.TemporaryError(redact(message), delay=60) from None
+        logger.info("source unavailable; destroying from the last successful update's program")
+        return project
+
+
 @kopf.on.delete(GROUP, VERSION, "stacks")
 async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, logger: Any,
                          retry: int, **_: Any) -> None:
@@ -447,30 +482,19 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
         logger.info("releasing stack without destroy: %s", decision.message)
         shutil.rmtree(stack_dir, ignore_errors=True)
         return
-    try:
-        resolved = await resolve_stack(spec, namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
-                                       ctx.settings.allow_operator_refs)
-    except RefError as err:
-        await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
-        raise kopf.TemporaryError(redact(str(err)), delay=RETRY_REFS_SECONDS) from None
-    await _recover_interrupted(session, spec, resolved)
     work = stack_dir / "runs" / f"destroy-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True, exist_ok=True)
     try:
         try:
-            _, handle = await _source_revision(session, spec, resolved)
-            project = await _materialise(spec, handle, work / "src", resolved)
-        except (SourceError, SpecInvalid) as err:
-            project = stack_dir / "last-successful"
-            if not project.is_dir():
-                message = (f"cannot destroy: the source is unavailable ({err}) and no successful update left a "
-                           f"copy of the program; restore the source, or remove the finalizer {FINALIZER} to "
-                           "abandon the stack's resources")
-                await session.stall(st.STALLED_DESTROY_BLOCKED, message, st.EVENT_UPDATE_FAILURE)
-                raise kopf.TemporaryError(redact(message), delay=60) from None
-            logger.info("source unavailable; destroying from the last successful update's program")
+            resolved = await resolve_stack(spec, namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
+                                           ctx.settings.allow_operator_refs)
+            await _recover_interrupted(session, spec, resolved)
+            project = await _destroy_project(session, spec, resolved, work, logger)
+            request = await _request(ctx, spec, namespace, name, project, resolved, work, "destroy on finalize")
+        except RefError as err:
+            await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
+            raise kopf.TemporaryError(redact(str(err)), delay=RETRY_REFS_SECONDS) from None
         _event(body, st.EVENT_UPDATE_DETECTED, decision.message)
-        request = await _request(ctx, spec, namespace, name, project, resolved, work, "destroy on finalize")
         result = await ctx.engine.destroy(request)
         metrics.UPDATE_DURATION.labels("destroy", result.outcome).observe(result.duration)
         if result.ok:

@@ -41,7 +41,7 @@ class Kube:
     async def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict | None:
         try:
             return await self._call(kubernetes.client.CustomObjectsApi(self.api).get_namespaced_custom_object,
-                                    group, version, plural, namespace, name)
+                                    group, version, namespace, plural, name)
         except ApiException as err:
             if _absent(err):
                 return None
@@ -60,14 +60,14 @@ class Kube:
     async def patch_stack_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
             await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status,
-                             GROUP, VERSION, "stacks", namespace, name, {"status": status})
+                             GROUP, VERSION, namespace, "stacks", name, {"status": status})
         except ApiException as err:
             if not _absent(err):
                 raise
 
     async def annotate_stack(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object,
-                         GROUP, VERSION, "stacks", namespace, name, {"metadata": {"annotations": annotations}})
+                         GROUP, VERSION, namespace, "stacks", name, {"metadata": {"annotations": annotations}})
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         try:
@@ -87,12 +87,19 @@ class Kube:
             raise
         return dict(cm.data or {})
 
-    async def service_account_kubeconfig(self, namespace: str, name: str, seconds: int = 3600) -> tuple[str, str]:
-        """(kubeconfig YAML, token) for a short-lived TokenRequest token of ServiceAccount `name`."""
+    async def service_account_kubeconfig(self, namespace: str, name: str,
+                                         seconds: int = 3600) -> tuple[str, str] | None:
+        """(kubeconfig YAML, token) for a short-lived TokenRequest token of ServiceAccount `name`; None if
+        there is no such ServiceAccount."""
         request = kubernetes.client.AuthenticationV1TokenRequest(
             spec=kubernetes.client.V1TokenRequestSpec(audiences=[], expiration_seconds=seconds))
-        response = await self._call(kubernetes.client.CoreV1Api(self.api).create_namespaced_service_account_token,
-                                    name, namespace, request)
+        try:
+            response = await self._call(kubernetes.client.CoreV1Api(self.api).create_namespaced_service_account_token,
+                                        name, namespace, request)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
         token = response.status.token
         conf = self.api.configuration
         cluster: dict[str, Any] = {"server": conf.host}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
 from .planning import DEFAULT_STALL_AFTER_FAILURES
+from .spec import MIN_RESYNC_SECONDS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--update-timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, help="seconds per engine run")
     p.add_argument("--stall-after-failures", type=int, default=DEFAULT_STALL_AFTER_FAILURES,
                    help="consecutive failures after which a Stack is Stalled/UpdateFailed until it changes")
+    p.add_argument("--min-resync-seconds", type=int, default=MIN_RESYNC_SECONDS,
+                   help="floor of resyncFrequencySeconds, also the branch poll period (PKO: 60; lower it for tests)")
     p.add_argument("--no-operator-refs", action="store_true",
                    help="reject Env and FS refs (they read the operator's own environment and files)")
     p.add_argument("--metrics-port", type=int, default=8383, help="Prometheus metrics port (0: off)")
@@ -47,6 +50,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.concurrency < 1:
         raise SystemExit("--concurrency must be at least 1")
+    if args.min_resync_seconds < 1:
+        raise SystemExit("--min-resync-seconds must be at least 1")
     if args.kubeconfig:
         # Kopf's own login reads KUBECONFIG too; keep one source of truth.
         os.environ["KUBECONFIG"] = args.kubeconfig
@@ -55,7 +60,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     settings = OperatorSettings(
         engine=EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
                               timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir)),
-        stall_after_failures=args.stall_after_failures, allow_operator_refs=not args.no_operator_refs,
+        stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
+        allow_operator_refs=not args.no_operator_refs,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,

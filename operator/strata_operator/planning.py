@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
 from .backoff import cooldown_seconds
-from .spec import Prerequisite, StackSpec, parse_duration
+from .spec import MIN_RESYNC_SECONDS, Prerequisite, StackSpec, parse_duration
 from .status import (FAILED, RECONCILING_PREREQUISITE, RECONCILING_RETRY, STALLED_CONFLICT,
-                     STALLED_UPDATE_FAILED, SUCCEEDED, Verdict, parse_time)
+                     STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_INTERRUPTED, Verdict, parse_time)
 
 DEFAULT_STALL_AFTER_FAILURES = 5
 
@@ -60,11 +60,13 @@ def _soonest(*delays: float | None) -> float | None:
 
 def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[str, Any] | None,
                revision: str, now: datetime,
-               stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES) -> Plan:
+               stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES,
+               min_resync_seconds: int = MIN_RESYNC_SECONDS) -> Plan:
     """Decide for a live (not deleting) Stack whose source resolved to `revision`."""
     kind: Literal["up", "preview"] = "preview" if spec.preview else "up"
+    resync_seconds = spec.resync_seconds(min_resync_seconds)
     # Branch heads are polled with ls-remote every resync period; other sources notify by watch.
-    poll = float(spec.resync_seconds) if spec.branch else None
+    poll = float(resync_seconds) if spec.branch else None
     if not last:
         return Plan(kind, "Initial stack update")
     if last.get("generation") != generation:
@@ -80,9 +82,9 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
             return Plan(kind, f"New commit detected: {revision!r}")
         resync = None
         if spec.continue_resync_on_commit_match:
-            if since_last >= spec.resync_seconds:
-                return Plan(kind, f"Resync time elapsed: {spec.resync_seconds}s")
-            resync = spec.resync_seconds - since_last
+            if since_last >= resync_seconds:
+                return Plan(kind, f"Resync time elapsed: {resync_seconds}s")
+            resync = resync_seconds - since_last
         return Plan(None, "", Verdict("ready"), _soonest(poll, resync))
 
     if last.get("state") == FAILED:
@@ -90,11 +92,16 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
             return Plan(kind, f"New commit detected: {revision!r}")
         failures = int(last.get("failures", 1))
         message = last.get("message", "") or "update failed"
-        if last.get("reason") == STALLED_CONFLICT and not spec.retry_on_update_conflict:
+        if last.get("reason") == UPDATE_INTERRUPTED:
+            return Plan(kind, "Resuming the update interrupted by an operator restart")
+        conflict = last.get("reason") == STALLED_CONFLICT
+        if conflict and not spec.retry_on_update_conflict:
             return Plan(None, "", Verdict("stalled", STALLED_CONFLICT,
                                           "another update holds the stack's lock; set retryOnUpdateConflict "
                                           "to retry, or change the spec or source"), poll)
-        if failures >= stall_after_failures:
+        # A held lock is someone else's update, not this Stack failing: with retryOnUpdateConflict it is
+        # retried (with backoff) until the lock is released, never stalled.
+        if failures >= stall_after_failures and not conflict:
             return Plan(None, "", Verdict("stalled", STALLED_UPDATE_FAILED,
                                           f"{failures} consecutive update failures; waiting for a spec or source "
                                           f"change: {message}"), poll)

@@ -163,10 +163,9 @@ class StackSpec(_Model):
             return "flux"
         return "git"
 
-    @property
-    def resync_seconds(self) -> int:
-        """PKO semantics: unset or below the minimum means the minimum."""
-        return max(self.resync_frequency_seconds, MIN_RESYNC_SECONDS)
+    def resync_seconds(self, floor: int = MIN_RESYNC_SECONDS) -> int:
+        """PKO semantics: unset or below the minimum (`floor`, 60 s unless the operator lowers it) means it."""
+        return max(self.resync_frequency_seconds, floor)
 
 
 @dataclasses.dataclass(frozen=True)

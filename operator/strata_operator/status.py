@@ -29,6 +29,8 @@ STALLED_SOURCE_UNAVAILABLE = "SourceUnavailable"
 STALLED_CONFLICT = "UpdateConflict"
 STALLED_UPDATE_FAILED = "UpdateFailed"
 STALLED_DESTROY_BLOCKED = "DestroyBlocked"
+# lastUpdate.reason of a run that died with the operator (not a Stack failure: resumed without backoff).
+UPDATE_INTERRUPTED = "UpdateInterrupted"
 
 # Event reasons (PKO's names).
 EVENT_UPDATE_DETECTED = "StackUpdateDetected"
@@ -167,6 +169,18 @@ def failed_update(previous: dict[str, Any] | None, run: RunRecord, reason: str, 
         "message": message,
         "failures": (int(prev.get("failures", 0)) + 1) if same_target else 1,
     }
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: keys `new` dropped become null, so a
+    stale `lastUpdate.reason` or a removed output does not survive the patch."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old or old[key] != value:
+            patch[key] = merge_patch(old.get(key), value)
+    return patch
 
 
 def outputs_for_status(outputs: dict[str, tuple[Any, bool]]) -> dict[str, Any]:

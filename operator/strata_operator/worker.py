@@ -25,15 +25,23 @@ from .engine import RESULT_PREFIX
 from .redaction import Redactor
 
 _PERMALINK = re.compile(r"(?:View (?:Live|in Browser)|Permalink)[^:]*:\s+(https?://\S+)")
-_ERROR_LINE = re.compile(r"^\s*error:\s*(.+)$", re.M)
-_DIAGNOSTIC = re.compile(r"^\s{2,}(?:\S.*)?error:\s*(.+)$", re.M)
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# "error: ..." at the start of a diagnostic or after a progress prefix; YAML program errors say "Error:".
+_ERROR_LINE = re.compile(r"^(?:.*\s)?error:\s*(.+)$", re.I)
+# The items of "N errors occurred:", which carry the actual causes.
+_ERROR_ITEM = re.compile(r"^\s*\*\s+(.+)$")
+_NOISE = re.compile(r"^(?:an unhandled error occurred: )?\d+ errors? occurred:?$|^update failed", re.I)
 
 
 def _failure_message(err: CommandError) -> str:
-    """The engine's own error lines, not the whole transcript."""
-    text = str(err)
-    lines = [m.strip() for m in _ERROR_LINE.findall(text) + _DIAGNOSTIC.findall(text)]
-    unique = list(dict.fromkeys(line for line in lines if line and not line.startswith("update failed")))
+    """The engine's own error lines (and the items of its error lists), not the whole transcript."""
+    text = _ANSI.sub("", str(err))
+    lines = []
+    for line in text.splitlines():
+        found = _ERROR_LINE.match(line) or _ERROR_ITEM.match(line)
+        if found and not _NOISE.match(found.group(1).strip()):
+            lines.append(found.group(1).strip().rstrip(";"))
+    unique = list(dict.fromkeys(line for line in lines if line))
     if not unique:
         unique = [line.strip() for line in text.strip().splitlines()[-3:]]
     return "; ".join(unique)[:1500]
@@ -66,6 +74,17 @@ def _file_backend_dir(env: dict[str, str]) -> Path | None:
     return Path(os.path.expanduser(raw)).resolve() if raw not in ("", "~") else Path.home()
 
 
+def _stack_locks(root: Path, stack_name: str) -> list[Path]:
+    return sorted((root / ".pulumi" / "locks").glob(f"**/{stack_name.split('/')[-1]}/*.json"))
+
+
+def _lost_checkpoint_race(message: str, stack_name: str) -> bool:
+    """A file:// backend stack being written by another update can fail to load ("failed to load
+    checkpoint: EOF") before the lock check is reached: with that update's lock present, it is a conflict."""
+    root = _file_backend_dir(dict(os.environ))
+    return root is not None and "failed to load checkpoint" in message and bool(_stack_locks(root, stack_name))
+
+
 def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) -> list[str]:
     """Remove what a killed `pulumi up` leaves in a file:// backend, if it is provably that run's.
 
@@ -74,7 +93,7 @@ def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) 
     """
     leaf = stack_name.split("/")[-1]
     actions = []
-    for lock in sorted((root / ".pulumi" / "locks").glob(f"**/{leaf}/*.json")):
+    for lock in _stack_locks(root, stack_name):
         try:
             info = json.loads(lock.read_text() or "{}")
         except (OSError, ValueError):
@@ -160,7 +179,11 @@ def main() -> int:
     except ConcurrentUpdateError as err:
         result = {"outcome": "conflict", "message": _failure_message(err)}
     except CommandError as err:
-        result = {"outcome": "failed", "message": _failure_message(err)}
+        message = _failure_message(err)
+        if _lost_checkpoint_race(message, request["stack_name"]):
+            result = {"outcome": "conflict", "message": f"the stack is locked by another update ({message})"}
+        else:
+            result = {"outcome": "failed", "message": message}
     except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
         result = {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
     result["message"] = redactor.redact(result.get("message", ""))

@@ -103,6 +103,14 @@ def test_conflict_stalls_without_retry_flag_and_retries_with_it():
     last = failed(1, at=NOW - timedelta(minutes=5), reason="UpdateConflict")
     assert plan_stack(spec(), 1, Requests(), last, SHA, NOW).verdict.reason == "UpdateConflict"
     assert plan_stack(spec(retryOnUpdateConflict=True), 1, Requests(), last, SHA, NOW).run == "up"
+    many = failed(9, at=NOW, reason="UpdateConflict")
+    waiting = plan_stack(spec(retryOnUpdateConflict=True), 1, Requests(), many, SHA, NOW, stall_after_failures=3)
+    assert waiting.run is None and waiting.verdict.reason == "RetryingAfterFailure" and waiting.requeue_after
+
+
+def test_an_interrupted_update_resumes_without_backoff():
+    last = failed_update(failed(2, at=NOW), run(), "UpdateInterrupted", "operator restart", "", NOW)
+    assert plan_stack(spec(), 1, Requests(), last, SHA, NOW, stall_after_failures=3).run == "up"
 
 
 def test_failures_count_only_same_target():

@@ -106,7 +106,8 @@ def test_pko_v1_manifest_parses_with_defaults():
         "config": {"aws:region": "us-east-1"}, "destroyOnFinalize": True, "resyncFrequencySeconds": 30,
     }, namespace="default")
     assert spec.source_kind == "git"
-    assert spec.resync_seconds == 60  # below the minimum means the minimum (PKO)
+    assert spec.resync_seconds() == 60  # below the minimum means the minimum (PKO)
+    assert spec.resync_seconds(floor=5) == 30
     assert spec.env_refs["PULUMI_ACCESS_TOKEN"].secret.key == "accessToken"
     assert spec.destroy_on_finalize and not spec.use_local_stack_only
 

@@ -2,7 +2,7 @@
 
 from datetime import datetime, timedelta, timezone
 
-from strata_operator.status import Verdict, build_conditions, outputs_for_status
+from strata_operator.status import Verdict, build_conditions, merge_patch, outputs_for_status
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
@@ -34,3 +34,11 @@ def test_transition_time_moves_only_when_status_flips():
 def test_secret_outputs_are_masked():
     out = outputs_for_status({"url": ("http://x", False), "password": ("hunter22", True), "n": (3, False)})
     assert out == {"n": 3, "password": "[secret]", "url": "http://x"}
+
+
+def test_merge_patch_nulls_what_the_new_value_dropped():
+    old = {"state": "failed", "reason": "UpdateFailed", "failures": 2, "outputs": {"a": {"x": 1}, "gone": 1}}
+    new = {"state": "succeeded", "failures": 0, "outputs": {"a": {"y": 2}}}
+    assert merge_patch(old, new) == {"reason": None, "state": "succeeded", "failures": 0,
+                                     "outputs": {"gone": None, "a": {"x": None, "y": 2}}}
+    assert merge_patch(None, new) == new and merge_patch(old, None) is None

@@ -1,0 +1,292 @@
+"""The real Strata operator as a host process on the local platform, and helpers to drive Stacks.
+
+The operator's CRDs and RBAC are server-side applied as shipped; the operator runs under a
+TokenRequest token of its own ServiceAccount (so a missing RBAC rule fails these tests), with the
+toolchain's pulumi CLI and YAML host, and is ready when its Kopf health endpoint answers. No test
+double anywhere in this tier: every update, failure, lock conflict and interruption is the real engine's.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+import strata_operator
+from strata_components.local import processes
+from strata_components.local.kube import http_ok, load_documents, server_side_apply, write_private
+from strata_components.local.platform import LocalPlatform, PlatformInfo
+from strata_components.local.toolchain import Toolchain
+
+pytestmark = pytest.mark.platform
+
+OPERATOR_NAMESPACE = "strata-system"
+OPERATOR_SERVICE_ACCOUNT = "strata-operator"
+PROCESS_NAME = "strata-operator"
+PASSPHRASE = "operator-it-passphrase-5d1c"
+GROUP, VERSION = "pulumi.com", "v1"
+PACKAGE = Path(strata_operator.__file__).parent
+# Few failures before Stalled, so the failure tests finish in seconds (the default is 5).
+STALL_AFTER_FAILURES = 3
+# Branch heads polled every few seconds instead of every minute (PKO's floor), for the same reason.
+MIN_RESYNC_SECONDS = 3
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (the operator's workers run in their own sessions, not its group)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@dataclasses.dataclass
+class Operator:
+    """The operator host process: start, stop, kill -9 (with every child, as a pod dies), its log."""
+
+    platform: LocalPlatform
+    process: processes.HostProcess
+    health_url: str
+    metrics_url: str
+    state_dir: Path
+
+    @property
+    def log(self) -> Path:
+        return self.platform.log_dir / f"{self.process.name}.log"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def pid(self) -> int | None:
+        return processes.running_pid(self.platform.run_dir, self.process.name)
+
+    def start(self) -> int:
+        return self.platform.start_controller(self.process, ready=lambda: http_ok(self.health_url), timeout=90)
+
+    def stop(self) -> None:
+        self.platform.stop_controller(self.process.name)
+
+    def kill(self) -> None:
+        """SIGKILL the operator and all its descendants at once, like a node losing the pod."""
+        pid = self.pid()
+        assert pid is not None, "the operator is not running"
+        victims = [pid, *_descendants(pid)]
+        for victim in victims:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        processes.wait_until(lambda: self.pid() is None, 10, "operator gone after kill -9")
+        self.platform.stop_controller(self.process.name)  # forget the pid file
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            return response.read().decode()
+
+
+@pytest.fixture(scope="session")
+def operator(platform: LocalPlatform, local_platform: PlatformInfo, toolchain: Toolchain, kube_client,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    core = client.CoreV1Api(kube_client)
+    try:
+        core.create_namespace({"metadata": {"name": OPERATOR_NAMESPACE}})
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+    crds = load_documents(sorted((PACKAGE / "crds").glob("*.yaml")))
+    server_side_apply(local_platform.kubeconfig_path, crds, field_manager="strata-tests")
+    extensions = client.ApiextensionsV1Api(kube_client)
+
+    def established() -> bool:
+        return all(any(c.type == "Established" and c.status == "True"
+                       for c in extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions
+                       or []) for crd in crds)
+
+    processes.wait_until(established, 30, "Stack and Program CRDs established")
+    server_side_apply(local_platform.kubeconfig_path, load_documents(sorted((PACKAGE / "rbac").glob("*.yaml"))),
+                      field_manager="strata-tests")
+
+    state = tmp_path_factory.mktemp("operator")
+    kubeconfig = write_private(state / "kubeconfig",
+                               platform.token_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, 6 * 3600))
+    metrics_port, health_port = processes.free_ports(2)
+    argv = [sys.executable, "-m", "strata_operator",
+            "--kubeconfig", str(kubeconfig),
+            "--pulumi", str(toolchain.dir("pulumi") / "bin" / "pulumi"),
+            "--plugin-dir", str(toolchain.dir("pulumi-yaml") / "bin"),
+            "--state-dir", str(state / "state"),
+            "--stall-after-failures", str(STALL_AFTER_FAILURES), "--min-resync-seconds", str(MIN_RESYNC_SECONDS),
+            "--metrics-port", str(metrics_port), "--health-port", str(health_port),
+            "--verbose"]
+    running = Operator(platform, processes.HostProcess(PROCESS_NAME, argv, env={"KUBECONFIG": str(kubeconfig)}),
+                       health_url=f"http://127.0.0.1:{health_port}/healthz",
+                       metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", state_dir=state / "state")
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+# --- Stacks in a test's namespace ---------------------------------------------------------------
+
+
+def condition(obj: dict[str, Any] | None, ctype: str) -> dict[str, Any] | None:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == ctype), None)
+
+
+def has_condition(obj: dict[str, Any] | None, ctype: str, reason: str | None = None) -> bool:
+    found = condition(obj, ctype)
+    return bool(found and found["status"] == "True" and (reason is None or found["reason"] == reason))
+
+
+@dataclasses.dataclass
+class Stacks:
+    """Stacks, Programs and Secrets in one test namespace, on one file:// backend with a passphrase Secret."""
+
+    api: client.ApiClient
+    namespace: str
+    backend: str
+    operator: Operator
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    def spec(self, **fields: Any) -> dict[str, Any]:
+        """A Stack spec on this backend whose passphrase comes from a Secret, as a PKO user writes it."""
+        base = {"stack": "dev", "backend": self.backend,
+                "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret",
+                                                         "secret": {"name": "pulumi", "key": "passphrase"}}}}
+        base.update(fields)
+        return base
+
+    def secret(self, name: str, data: dict[str, str]) -> None:
+        self.core.create_namespaced_secret(self.namespace, {
+            "metadata": {"name": name},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+
+    def program(self, name: str, program: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "programs", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": name}, "program": program})
+
+    def replace_program(self, name: str, program: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "programs", name,
+                                                   [{"op": "replace", "path": "/program", "value": program}],
+                                                   _content_type="application/json-patch+json")
+
+    def create(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name}
+        if annotations:
+            metadata["annotations"] = annotations
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": metadata, "spec": spec})
+
+    def patch(self, name: str, body: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", name, body)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", name)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", name)
+
+    def wait(self, name: str, predicate, timeout: float = 60, what: str = "") -> dict[str, Any]:
+        """Poll the Stack until `predicate(obj)`; on timeout say what it looked like last."""
+        last: dict[str, Any] = {}
+
+        def check():
+            obj = self.get(name)
+            last["obj"] = obj
+            return obj if obj is not None and predicate(obj) else None
+
+        try:
+            return processes.wait_until(check, timeout, f"Stack {name}: {what}", log=self.operator.log, interval=0.3)
+        except processes.ProcessError as error:
+            status = (last.get("obj") or {}).get("status")
+            raise AssertionError(f"{error}; last status: {status}") from None
+
+    def wait_ready(self, name: str, timeout: float = 60) -> dict[str, Any]:
+        return self.wait(name, lambda o: has_condition(o, "Ready"), timeout, "Ready=True")
+
+    def wait_stalled(self, name: str, reason: str, timeout: float = 60) -> dict[str, Any]:
+        return self.wait(name, lambda o: has_condition(o, "Stalled", reason), timeout, f"Stalled/{reason}")
+
+    def events(self, name: str, reason: str | None = None) -> list[client.CoreV1Event]:
+        found = self.core.list_namespaced_event(self.namespace,
+                                                field_selector=f"involvedObject.name={name},involvedObject.kind=Stack")
+        return [e for e in found.items if reason is None or e.reason == reason]
+
+    def runs(self, name: str) -> int:
+        """Engine runs the operator started for this Stack (one StackUpdateDetected Event each)."""
+        return len(self.events(name, "StackUpdateDetected"))
+
+
+@pytest.fixture
+def stacks(operator: Operator, kube_client, namespace: str, tmp_path: Path) -> Stacks:
+    backend = tmp_path / "backend"
+    backend.mkdir()
+    env = Stacks(kube_client, namespace, backend.as_uri(), operator)
+    env.secret("pulumi", {"passphrase": PASSPHRASE})
+    return env
+
+
+def stash_program(**values: Any) -> dict[str, Any]:
+    """A Program body with one `pulumi:index:Stash` per value, each exported as an output (its `input`:
+    a Stash keeps its first `output` until replaced)."""
+    return {"resources": {name: {"type": "pulumi:index:Stash", "properties": {"input": value}}
+                          for name, value in values.items()},
+            "outputs": {name: f"${{{name}.input}}" for name in values}}
+
+
+def stash_project(name: str, **values: Any) -> str:
+    """The same as a Pulumi YAML project file (for git and Flux sources)."""
+    import yaml
+
+    return yaml.safe_dump({"name": name, "runtime": "yaml", **stash_program(**values)}, sort_keys=False)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def eventually_constant(read, seconds: float, interval: float = 0.5):
+    """Read `read()` repeatedly for `seconds`; assert it never changes; return the value."""
+    first = read()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        now = read()
+        assert now == first, f"changed while nothing changed: {first!r} -> {now!r}"
+    return first
