@@ -7,7 +7,6 @@ in snake_case here and rendered in the CRD's camelCase by the pure `build_*` fun
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypedDict
 

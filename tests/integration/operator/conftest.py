@@ -12,7 +12,6 @@ import base64
 import dataclasses
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,20 +21,15 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-import strata_operator
 from strata_components.local import processes
-from strata_components.local.kube import http_ok, load_documents, server_side_apply, write_private
-from strata_components.local.platform import LocalPlatform, PlatformInfo
+from strata_components.local.operator_host import OperatorHost, operator_host
+from strata_components.local.platform import LocalPlatform
 from strata_components.local.toolchain import Toolchain
 
 pytestmark = pytest.mark.platform
 
-OPERATOR_NAMESPACE = "strata-system"
-OPERATOR_SERVICE_ACCOUNT = "strata-operator"
-PROCESS_NAME = "strata-operator"
 PASSPHRASE = "operator-it-passphrase-5d1c"
 GROUP, VERSION = "pulumi.com", "v1"
-PACKAGE = Path(strata_operator.__file__).parent
 # Few failures before Stalled, so the failure tests finish in seconds (the default is 5).
 STALL_AFTER_FAILURES = 3
 # Branch heads polled every few seconds instead of every minute (PKO's floor), for the same reason.
@@ -60,38 +54,17 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-@dataclasses.dataclass
-class Operator:
-    """The operator host process: start, stop, kill -9 (with every child, as a pod dies), its log."""
-
-    platform: LocalPlatform
-    process: processes.HostProcess
-    health_url: str
-    metrics_url: str
-    state_dir: Path
-
-    @property
-    def log(self) -> Path:
-        return self.platform.log_dir / f"{self.process.name}.log"
+class Operator(OperatorHost):
+    """The operator host process, plus what tests need: its log text and kill -9 of the whole tree."""
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def pid(self) -> int | None:
-        return processes.running_pid(self.platform.run_dir, self.process.name)
-
-    def start(self) -> int:
-        return self.platform.start_controller(self.process, ready=lambda: http_ok(self.health_url), timeout=90)
-
-    def stop(self) -> None:
-        self.platform.stop_controller(self.process.name)
 
     def kill(self) -> None:
         """SIGKILL the operator and all its descendants at once, like a node losing the pod."""
         pid = self.pid()
         assert pid is not None, "the operator is not running"
-        victims = [pid, *_descendants(pid)]
-        for victim in victims:
+        for victim in [pid, *_descendants(pid)]:
             try:
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
@@ -99,50 +72,14 @@ class Operator:
         processes.wait_until(lambda: self.pid() is None, 10, "operator gone after kill -9")
         self.platform.stop_controller(self.process.name)  # forget the pid file
 
-    def metrics(self) -> str:
-        import urllib.request
-
-        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
-            return response.read().decode()
-
 
 @pytest.fixture(scope="session")
-def operator(platform: LocalPlatform, local_platform: PlatformInfo, toolchain: Toolchain, kube_client,
+def operator(platform: LocalPlatform, toolchain: Toolchain,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    core = client.CoreV1Api(kube_client)
-    try:
-        core.create_namespace({"metadata": {"name": OPERATOR_NAMESPACE}})
-    except client.ApiException as error:
-        if error.status != 409:
-            raise
-    crds = load_documents(sorted((PACKAGE / "crds").glob("*.yaml")))
-    server_side_apply(local_platform.kubeconfig_path, crds, field_manager="strata-tests")
-    extensions = client.ApiextensionsV1Api(kube_client)
-
-    def established() -> bool:
-        return all(any(c.type == "Established" and c.status == "True"
-                       for c in extensions.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions
-                       or []) for crd in crds)
-
-    processes.wait_until(established, 30, "Stack and Program CRDs established")
-    server_side_apply(local_platform.kubeconfig_path, load_documents(sorted((PACKAGE / "rbac").glob("*.yaml"))),
-                      field_manager="strata-tests")
-
-    state = tmp_path_factory.mktemp("operator")
-    kubeconfig = write_private(state / "kubeconfig",
-                               platform.token_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, 6 * 3600))
-    metrics_port, health_port = processes.free_ports(2)
-    argv = [sys.executable, "-m", "strata_operator",
-            "--kubeconfig", str(kubeconfig),
-            "--pulumi", str(toolchain.dir("pulumi") / "bin" / "pulumi"),
-            "--plugin-dir", str(toolchain.dir("pulumi-yaml") / "bin"),
-            "--state-dir", str(state / "state"),
-            "--stall-after-failures", str(STALL_AFTER_FAILURES), "--min-resync-seconds", str(MIN_RESYNC_SECONDS),
-            "--metrics-port", str(metrics_port), "--health-port", str(health_port),
-            "--verbose"]
-    running = Operator(platform, processes.HostProcess(PROCESS_NAME, argv, env={"KUBECONFIG": str(kubeconfig)}),
-                       health_url=f"http://127.0.0.1:{health_port}/healthz",
-                       metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", state_dir=state / "state")
+    host = operator_host(platform, toolchain, tmp_path_factory.mktemp("operator"), extra_args=(
+        "--stall-after-failures", str(STALL_AFTER_FAILURES), "--min-resync-seconds", str(MIN_RESYNC_SECONDS),
+        "--verbose"))
+    running = Operator(**{field.name: getattr(host, field.name) for field in dataclasses.fields(host)})
     running.start()
     try:
         yield running

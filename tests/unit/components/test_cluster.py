@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pulumi
 import pytest
 import yaml
 
-from strata_components.cluster import (Cluster, EKS_CLUSTER_POLICIES, EKS_NODE_POLICIES, LocalPlatformResource,
+from strata_components.cluster import (Cluster, EKS_CLUSTER_POLICIES, EKS_NODE_POLICIES,
                                        build_eks_kubeconfig, build_gke_kubeconfig, plan_change, validate_cluster_args)
 
 from strata_mocks import FAKE_CA, admin_kubeconfig
