@@ -1,6 +1,6 @@
 """The Strata operator as a host process of the local platform, under a token of its own ServiceAccount.
 
-Its CRDs and RBAC are server-side applied as shipped in the strata_operator package, and its only
+Its CRDs and RBAC are server-side applied as the Operator component renders them, and its only
 credential is a TokenRequest token of the ServiceAccount that RBAC binds: a missing rule shows up
 as a failure, never hidden behind an admin kubeconfig. It gets a clean environment (see
 HostProcess.inherit_env) and the toolchain's pulumi CLI and YAML host.
@@ -9,13 +9,12 @@ HostProcess.inherit_env) and the toolchain's pulumi CLI and YAML host.
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import sys
 import urllib.request
 from pathlib import Path
 
 from . import processes
-from .kube import api_client, http_ok, load_documents, server_side_apply, write_private
+from .kube import api_client, http_ok, server_side_apply, write_private
 from .platform import LocalPlatform
 from .toolchain import Toolchain
 
@@ -24,19 +23,15 @@ OPERATOR_SERVICE_ACCOUNT = "strata-operator"
 PROCESS_NAME = "strata-operator"
 
 
-def operator_manifests(kind: str) -> list[dict]:
-    """The operator package's shipped manifests: kind is "crds" or "rbac"."""
-    root = importlib.resources.files("strata_operator") / kind
-    return load_documents(sorted(Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".yaml")))
-
-
 def install_operator_api(kubeconfig: Path, field_manager: str = "strata") -> None:
-    """Namespace, CRDs (waited until Established) and RBAC of the operator."""
+    """CRDs (waited until Established), then the namespace, ServiceAccount and RBAC exactly as the
+    Operator component renders them, so whatever runs under this identity proves those objects."""
     from kubernetes import client
 
-    crds = operator_manifests("crds")
-    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OPERATOR_NAMESPACE}}
-    server_side_apply(kubeconfig, [namespace, *crds], field_manager=field_manager)
+    from ..operator import build_operator_identity, build_operator_rbac, load_packaged_manifests
+
+    crds = load_packaged_manifests("crds")
+    server_side_apply(kubeconfig, crds, field_manager=field_manager)
     with api_client(kubeconfig) as api:
         extensions = client.ApiextensionsV1Api(api)
 
@@ -46,7 +41,10 @@ def install_operator_api(kubeconfig: Path, field_manager: str = "strata") -> Non
                            or []) for crd in crds)
 
         processes.wait_until(established, 30, "Stack and Program CRDs established")
-    server_side_apply(kubeconfig, operator_manifests("rbac"), field_manager=field_manager)
+    server_side_apply(kubeconfig, [
+        *build_operator_identity(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT),
+        *build_operator_rbac(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, load_packaged_manifests("rbac")),
+    ], field_manager=field_manager)
 
 
 @dataclasses.dataclass

@@ -1,8 +1,8 @@
 """The real Strata operator as a host process on the local platform, and helpers to drive Stacks.
 
-The operator's CRDs and RBAC are server-side applied as shipped; the operator runs under a
-TokenRequest token of its own ServiceAccount (so a missing RBAC rule fails these tests), with the
-toolchain's pulumi CLI and YAML host, and is ready when its Kopf health endpoint answers. No test
+The operator's CRDs and RBAC are server-side applied as the Operator component renders them
+(components.local.operator_host); the operator runs under a TokenRequest token of its own
+ServiceAccount (so a missing RBAC rule fails these tests), with the toolchain's pulumi CLI and YAML host, and is ready when its Kopf health endpoint answers. No test
 double anywhere in this tier: every update, failure, lock conflict and interruption is the real engine's.
 """
 
