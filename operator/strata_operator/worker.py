@@ -22,6 +22,7 @@ from pulumi import automation as auto
 from pulumi.automation.errors import CommandError, ConcurrentUpdateError
 
 from .engine import RESULT_PREFIX
+from .pythonenv import ensure_virtualenv
 from .redaction import Redactor
 
 _PERMALINK = re.compile(r"(?:View (?:Live|in Browser)|Permalink)[^:]*:\s+(https?://\S+)")
@@ -116,6 +117,9 @@ def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) 
 def _run(request: dict[str, Any]) -> dict[str, Any]:
     workdir = os.getcwd()
     operation = request["operation"]
+    if operation in ("up", "preview"):
+        # Only these run the program. HOME is the Stack's own directory (engine.worker_env).
+        ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs")
     workspace = auto.LocalWorkspace(work_dir=workdir, pulumi_home=os.environ.get("PULUMI_HOME"),
                                     secrets_provider=request["secrets_provider"] or None)
     if operation == "recover":

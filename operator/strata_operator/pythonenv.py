@@ -1,0 +1,95 @@
+"""Python programs' dependencies: one virtualenv per Stack, keyed by the hash of its requirements.
+
+PKO v2 runs `pulumi install` in a fresh workspace pod for every update. Here updates share the
+host, so a Stack keeps its installed environment and rebuilds it only when requirements.txt or the
+interpreter changes: an unchanged program costs no install at all. The project's Pulumi.yaml (in
+the operator's own copy of the source) is pointed at that virtualenv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+PROJECT_FILES = ("Pulumi.yaml", "Pulumi.yml")
+
+
+class PythonEnvError(Exception):
+    """Installing the program's requirements failed; the message carries pip's last lines."""
+
+
+def project_file(project_dir: Path) -> Path | None:
+    return next((project_dir / name for name in PROJECT_FILES if (project_dir / name).exists()), None)
+
+
+def runtime_name(project: dict) -> str:
+    runtime = project.get("runtime")
+    return runtime.get("name", "") if isinstance(runtime, dict) else str(runtime or "")
+
+
+def requirements_key(requirements: bytes, python_version: str) -> str:
+    """Changes when the requirements or the interpreter change, nothing else."""
+    return hashlib.sha256(python_version.encode() + b"\0" + requirements).hexdigest()[:16]
+
+
+def planned_virtualenv(project_dir: Path, venvs_root: Path, python_version: str) -> Path | None:
+    """Where this project's virtualenv lives, or None when it is not a Python project with requirements."""
+    found = project_file(project_dir)
+    if found is None or runtime_name(yaml.safe_load(found.read_text()) or {}) != "python":
+        return None
+    requirements = project_dir / "requirements.txt"
+    if not requirements.exists():
+        return None
+    return venvs_root / requirements_key(requirements.read_bytes(), python_version)
+
+
+def use_virtualenv(project_file_path: Path, venv: Path) -> None:
+    """Point the project's Python runtime at `venv`, keeping every other setting."""
+    project = yaml.safe_load(project_file_path.read_text()) or {}
+    runtime = project.get("runtime")
+    runtime = dict(runtime) if isinstance(runtime, dict) else {"name": runtime}
+    runtime["options"] = {**(runtime.get("options") or {}), "virtualenv": str(venv)}
+    # pulumi would otherwise try to manage the environment itself (uv / poetry).
+    runtime["options"].pop("toolchain", None)
+    project["runtime"] = runtime
+    project_file_path.write_text(yaml.safe_dump(project, sort_keys=False))
+
+
+def ensure_virtualenv(project_dir: Path, venvs_root: Path, timeout: float = 900) -> Path | None:
+    """Create the project's virtualenv (with the worker's interpreter) unless it exists, drop this
+    Stack's outdated ones, and point the project at it."""
+    venv = planned_virtualenv(project_dir, venvs_root, sys.version)
+    if venv is None:
+        return None
+    complete = venv / ".strata-complete"
+    if not complete.exists():
+        # Built where it is used (venv scripts hard-code their directory); the marker says it finished.
+        shutil.rmtree(venv, ignore_errors=True)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "venv", str(venv)], "creating the virtualenv", timeout)
+        requirements = (project_dir / "requirements.txt").read_text()
+        if any(line.strip() and not line.lstrip().startswith("#") for line in requirements.splitlines()):
+            _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                  "--no-input", "-r", str(project_dir / "requirements.txt")], "installing requirements.txt",
+                 timeout, cwd=project_dir)
+        complete.touch()
+    for stale in venvs_root.iterdir():
+        if stale != venv:
+            shutil.rmtree(stale, ignore_errors=True)
+    use_virtualenv(project_file(project_dir), venv)
+    return venv
+
+
+def _run(command: list[str], what: str, timeout: float, cwd: Path | None = None) -> None:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        raise PythonEnvError(f"{what} took longer than {timeout:.0f}s") from None
+    if done.returncode != 0:
+        last = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise PythonEnvError(f"{what} failed (requirements.txt of the program): {last}")
