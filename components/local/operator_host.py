@@ -76,16 +76,21 @@ class OperatorHost:
 
 
 def operator_host(platform: LocalPlatform, toolchain: Toolchain, state_dir: Path, *,
-                  extra_args: tuple[str, ...] = (), token_seconds: int = 6 * 3600) -> OperatorHost:
-    """Install the operator's API and describe its process (call .start()); state lives in `state_dir`."""
+                  extra_args: tuple[str, ...] = (), token_seconds: int = 6 * 3600, pulumi: Path | None = None,
+                  plugin_dirs: tuple[Path, ...] = ()) -> OperatorHost:
+    """Install the operator's API and describe its process (call .start()); state lives in `state_dir`.
+
+    By default updates use the toolchain's CLI and YAML host; `pulumi` and `plugin_dirs` swap in an
+    official install (with the Python language host and provider plugins) where one exists."""
     install_operator_api(platform.kubeconfig_path)
     state_dir.mkdir(parents=True, exist_ok=True)
     kubeconfig = write_private(state_dir / "kubeconfig",
                                platform.token_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, token_seconds))
     metrics_port, health_port = processes.free_ports(2)
     argv = [sys.executable, "-m", "strata_operator", "--kubeconfig", str(kubeconfig),
-            "--pulumi", str(toolchain.dir("pulumi") / "bin" / "pulumi"),
-            "--plugin-dir", str(toolchain.dir("pulumi-yaml") / "bin"),
+            "--pulumi", str(pulumi or toolchain.dir("pulumi") / "bin" / "pulumi"),
+            *[arg for directory in (*plugin_dirs, toolchain.dir("pulumi-yaml") / "bin")
+              for arg in ("--plugin-dir", str(directory))],
             "--state-dir", str(state_dir / "state"),
             "--metrics-port", str(metrics_port), "--health-port", str(health_port), *extra_args]
     process = processes.HostProcess(PROCESS_NAME, argv, env={"KUBECONFIG": str(kubeconfig)}, inherit_env=False)
