@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--stacks", type=int, default=50)
     parser.add_argument("--idle", type=float, default=300, help="seconds to watch for engine runs when idle")
     parser.add_argument("--resources", type=int, default=3, help="Stash resources per program")
-    parser.add_argument("--concurrency", type=int, help="the operator's --concurrency (default: its own, 10)")
+    parser.add_argument("--concurrency", type=int, help="the operator's --concurrency (default: its own)")
     args = parser.parse_args()
     operator_args = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
     with platform_with_operator(operator_args) as bench:

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path,
                    default=Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator")),
                    help="where per-Stack workdirs and PULUMI_HOMEs live")
-    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="maximum concurrent updates")
+    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="maximum concurrent updates (default: 10, or twice the CPU cores if fewer)")
     p.add_argument("--update-timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, help="seconds per engine run")
     p.add_argument("--stall-after-failures", type=int, default=DEFAULT_STALL_AFTER_FAILURES,
                    help="consecutive failures after which a Stack is Stalled/UpdateFailed until it changes")
