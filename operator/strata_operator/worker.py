@@ -114,14 +114,15 @@ def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) 
     return actions
 
 
-def _run(request: dict[str, Any]) -> dict[str, Any]:
+def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
     workdir = os.getcwd()
     operation = request["operation"]
     if operation in ("up", "preview"):
         # Only these run the program. HOME is the Stack's own directory (engine.worker_env).
         ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs")
     workspace = auto.LocalWorkspace(work_dir=workdir, pulumi_home=os.environ.get("PULUMI_HOME"),
-                                    secrets_provider=request["secrets_provider"] or None)
+                                    secrets_provider=request["secrets_provider"] or None,
+                                    pulumi_command=pulumi_command)
     if operation == "recover":
         root = _file_backend_dir(dict(os.environ))
         if root is not None:
@@ -173,13 +174,28 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
             "outputs": {name: {"value": out.value, "secret": out.secret} for name, out in outputs.items()}}
 
 
-def main() -> int:
-    request = json.loads(sys.stdin.read())
-    redactor = Redactor()
-    redactor.add(*request["secret_config"].values())
+def _enter(request: dict[str, Any]) -> None:
+    """Become this Stack's worker: its environment only (nothing of the neutral start-up one), its workdir."""
+    os.environ.clear()
+    os.environ.update(request["worker_env"])
     os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
+    os.chdir(request["project_dir"])
+
+
+def main() -> int:
+    # Started ahead of need with a neutral environment: the imports above and the CLI's version probe
+    # are paid while waiting. The request (with the Stack's environment and secrets) comes on stdin.
+    os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
+    pulumi_command = auto.PulumiCommand()
+    payload = sys.stdin.read()
+    if not payload:
+        return 0  # the operator went away before handing this spare worker a request
+    request = json.loads(payload)
+    redactor = Redactor()
+    redactor.add(*request["secret_config"].values(), *request["env"].values())
+    _enter(request)
     try:
-        result = _run(request)
+        result = _run(request, pulumi_command)
     except ConcurrentUpdateError as err:
         result = {"outcome": "conflict", "message": _failure_message(err)}
     except CommandError as err:
