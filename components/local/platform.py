@@ -28,9 +28,19 @@ from .toolchain import Toolchain, ToolchainError, installed
 
 FLUX_NAMESPACE = "flux-system"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# Ports each component needs, in the order they are allocated.
-PORTS = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "git",
-         "flux_bundle", "source_storage", "source_metrics", "source_health", "kustomize_metrics", "kustomize_health")
+# Every host process in start order, with the ports it listens on (allocated once, kept in platform.json).
+PROCESS_PORTS = {
+    "etcd": ("etcd_client", "etcd_peer"),
+    "kube-apiserver": ("apiserver",),
+    "kube-controller-manager": ("controller_manager",),
+    "kube-scheduler": ("scheduler",),
+    "kwok": ("kwok",),
+    "git-server": ("git",),
+    "flux-bundle-server": ("flux_bundle",),
+    "source-controller": ("source_storage", "source_metrics", "source_health"),
+    "kustomize-controller": ("kustomize_metrics", "kustomize_health"),
+}
+PORTS = tuple(port for ports in PROCESS_PORTS.values() for port in ports)
 HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
 # Cluster and context name in the kubeconfigs the platform writes.
 KUBECONFIG_CLUSTER = "strata-local"
@@ -116,9 +126,9 @@ class LocalPlatform:
         state_file.write_text(json.dumps({"ports": ports}, indent=1))
         return ports
 
-    def _check_ports_free(self, ports: dict[str, int], components: dict[str, tuple[str, ...]]) -> None:
+    def _check_ports_free(self, ports: dict[str, int]) -> None:
         """Ports of components that are not running must be free, else say which program is in the way."""
-        for component, names in components.items():
+        for component, names in PROCESS_PORTS.items():
             if processes.running_pid(self.run_dir, component) is not None:
                 continue
             for name in names:
@@ -233,13 +243,7 @@ class LocalPlatform:
         started = time.monotonic()
         ports = self._ports()
         plan = self._processes(ports, ensure_bundle(self.toolchain, say))
-        self._check_ports_free(ports, {
-            "etcd": ("etcd_client", "etcd_peer"), "kube-apiserver": ("apiserver",),
-            "kube-controller-manager": ("controller_manager",), "kube-scheduler": ("scheduler",),
-            "kwok": ("kwok",), "git-server": ("git",), "flux-bundle-server": ("flux_bundle",),
-            "source-controller": ("source_storage", "source_metrics", "source_health"),
-            "kustomize-controller": ("kustomize_metrics", "kustomize_health"),
-        })
+        self._check_ports_free(ports)
         ensure_pki(self.pki)
         self._write_kubeconfigs(ports)
         for directory in ("git", "flux/source"):
@@ -329,8 +333,7 @@ class LocalPlatform:
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
         stopped = []
-        names = [*reversed(HOST_CONTROLLERS), "flux-bundle-server", "git-server", "kwok", "kube-scheduler",
-                 "kube-controller-manager", "kube-apiserver", "etcd"]
+        names = list(reversed(PROCESS_PORTS))
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:
                 names.insert(0, extra.stem)  # controllers started by others (e.g. the operator) go first
@@ -341,8 +344,8 @@ class LocalPlatform:
         return stopped
 
     def status(self) -> dict[str, bool]:
-        names = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "git-server",
-                 "flux-bundle-server", *self.config.host_controllers]
+        names = [name for name in PROCESS_PORTS
+                 if name not in HOST_CONTROLLERS or name in self.config.host_controllers]
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
 
     def start_controller(self, process: HostProcess, ready=None, timeout: float = 60) -> int:
