@@ -13,6 +13,7 @@ from typing import Any
 from kubernetes import client
 
 from strata_components.local.kube import api_client
+from strata_components.local.processes import descendants
 from strata_components.local.operator_host import OperatorHost, operator_host
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 from strata_components.local.toolchain import installed
@@ -68,27 +69,17 @@ def is_ready(stack: dict[str, Any]) -> bool:
                for c in (stack.get("status") or {}).get("conditions") or [])
 
 
+def _rss_kb(pid: int) -> int:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+
+
 def rss_tree_mb(pid: int) -> tuple[float, float]:
     """(RSS of pid, RSS of all its descendants) in MB."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            status = (entry / "status").read_text()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(stat[1]), []).append(int(entry.name))
-        rss[int(entry.name)] = next((int(line.split()[1]) for line in status.splitlines()
-                                     if line.startswith("VmRSS:")), 0)
-    descendants, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            descendants.append(child)
-            todo.append(child)
-    return rss.get(pid, 0) / 1024, sum(rss.get(c, 0) for c in descendants) / 1024
+    return _rss_kb(pid) / 1024, sum(_rss_kb(child) for child in descendants(pid)) / 1024
 
 
 @contextlib.contextmanager

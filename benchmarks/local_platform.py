@@ -20,26 +20,10 @@ from pathlib import Path
 
 from kubernetes import client
 
+from harness import rss_tree_mb
 from strata_components.local import processes, toolchain
 from strata_components.local.kube import api_client
 from strata_components.local.platform import LocalPlatform, PlatformConfig
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process and its children, in MB."""
-    total = 0
-    pids = [pid]
-    while pids:
-        current = pids.pop()
-        try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
-        except OSError:
-            continue
-        pids.extend(int(child) for child in children)
-    return total / 1024
 
 
 def toolchain_figures(cold: list[str]) -> None:
@@ -89,7 +73,7 @@ def platform_figures(controllers: tuple[str, ...]) -> None:
             total = 0.0
             for name in platform.status():
                 pid = processes.running_pid(platform.run_dir, name)
-                size = rss_mb(pid) if pid else 0.0
+                size = sum(rss_tree_mb(pid)) if pid else 0.0
                 total += size
                 print(f"    {name:26} {size:7.1f}")
             print(f"    {'total':26} {total:7.1f}")

@@ -121,6 +121,24 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (workers that start their own sessions included: process groups miss them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _reap(pid: int) -> None:
     """Collect the exit status when we are the parent (tests start the platform in-process)."""
     try:

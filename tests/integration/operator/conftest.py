@@ -36,24 +36,6 @@ STALL_AFTER_FAILURES = 3
 MIN_RESYNC_SECONDS = 3
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (the operator's workers run in their own sessions, not its group)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 class Operator(OperatorHost):
     """The operator host process, plus what tests need: its log text and kill -9 of the whole tree."""
 
@@ -64,7 +46,7 @@ class Operator(OperatorHost):
         """SIGKILL the operator and all its descendants at once, like a node losing the pod."""
         pid = self.pid()
         assert pid is not None, "the operator is not running"
-        for victim in [pid, *_descendants(pid)]:
+        for victim in [pid, *processes.descendants(pid)]:
             try:
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:

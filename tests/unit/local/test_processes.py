@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 import sys
 import time
@@ -66,3 +67,17 @@ def test_a_clean_environment_keeps_the_callers_secrets_out(tmp_path, monkeypatch
     assert clean["KUBECONFIG"] == "/k" and "PATH" in clean
     assert "PULUMI_CONFIG_PASSPHRASE" not in clean and "AWS_SECRET_ACCESS_KEY" not in clean
     assert inherited["PULUMI_CONFIG_PASSPHRASE"] == "caller-secret"
+
+
+def test_descendants_include_grandchildren_in_other_sessions(tmp_path):
+    script = ("import subprocess,time; subprocess.Popen(['sleep','300'], start_new_session=True); "
+              "print('up', flush=True); time.sleep(300)")
+    pid = processes.start(HostProcess("tree", [sys.executable, "-c", script]), tmp_path / "run", tmp_path / "logs")
+    try:
+        processes.wait_until(lambda: len(processes.descendants(pid)) == 1, 10, "grandchild")
+        grandchild = processes.descendants(pid)[0]
+        assert open(f"/proc/{grandchild}/cmdline").read().startswith("sleep")
+    finally:
+        for child in processes.descendants(pid):
+            os.kill(child, 9)
+        processes.stop(tmp_path / "run", "tree")
