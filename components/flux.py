@@ -4,8 +4,10 @@
 `<baseurl>/download/<version>/manifests.tar.gz` when `baseurl` is given, e.g. a loopback server
 with an offline bundle). The CRDs go in one ConfigGroup and everything else in a second that
 depends on it, so no custom resource or controller comes before its CRD. Controllers that the local
-platform runs as host processes keep their RBAC and Services but lose their Deployment: kwok nodes
-would only pretend to run them.
+platform runs as host processes keep their RBAC but lose their Deployment (kwok nodes would only
+pretend to run them) and the Services selecting its pods: such a Service never gets an endpoint,
+and pulumi-kubernetes waits for one (10 minutes, then fails the install). The host controllers
+advertise their loopback addresses instead (source-controller's `--storage-adv-addr`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class FluxArgs(TypedDict):
     network_policy: NotRequired[bool]
     """Install Flux's NetworkPolicies (default true)."""
     host_controllers: NotRequired[Sequence[str]]
-    """Controllers run as host processes by the local platform: their Deployments are not applied.
-    When set, every installed controller must be one of them."""
+    """Controllers run as host processes by the local platform: their Deployments, and the Services
+    selecting their pods, are not applied. When set, every installed controller must be one of them."""
     sync: NotRequired[FluxSyncArgs]
     """Make Flux sync a git repository (GitRepository + Kustomization from `get_flux_sync`)."""
 
@@ -67,6 +69,8 @@ class FluxManifests:
     resources: list[dict[str, Any]]
     host_run: list[str]
     """Deployments left out because their controller runs on the host."""
+    host_services: list[str] = dataclasses.field(default_factory=list)
+    """Services left out because they select only the pods of those Deployments."""
 
 
 def validate_flux_args(args: FluxArgs) -> None:
@@ -86,10 +90,14 @@ def validate_flux_args(args: FluxArgs) -> None:
                              f"remove them from `components` or run them on the host (`host_controllers`)")
 
 
+def _selects(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
+
+
 def build_flux_manifests(content: str, host_controllers: Sequence[str] = ()) -> FluxManifests:
     """Split `get_flux_install`'s multi-document YAML into CRDs and the rest, dropping the
-    Deployments of host-run controllers."""
-    crds, resources, host_run = [], [], []
+    Deployments of host-run controllers and the Services that select only their pods."""
+    crds, kept, host_run, host_pods = [], [], [], []
     for document in yaml.safe_load_all(content):
         if not document:
             continue
@@ -97,11 +105,22 @@ def build_flux_manifests(content: str, host_controllers: Sequence[str] = ()) -> 
             crds.append(document)
         elif document.get("kind") == "Deployment" and document["metadata"]["name"] in host_controllers:
             host_run.append(document["metadata"]["name"])
+            host_pods.append((document["metadata"].get("namespace"),
+                              document["spec"]["template"]["metadata"].get("labels") or {}))
         else:
-            resources.append(document)
+            kept.append(document)
     if not crds:
         raise ValueError("the Flux install has no CustomResourceDefinitions; check `version` and `baseurl`")
-    return FluxManifests(crds=crds, resources=resources, host_run=host_run)
+    resources, host_services = [], []
+    for document in kept:
+        if document.get("kind") == "Service" and any(
+                namespace == document["metadata"].get("namespace")
+                and _selects((document.get("spec") or {}).get("selector"), labels)
+                for namespace, labels in host_pods):
+            host_services.append(document["metadata"]["name"])
+        else:
+            resources.append(document)
+    return FluxManifests(crds=crds, resources=resources, host_run=host_run, host_services=host_services)
 
 
 class Flux(pulumi.ComponentResource):

@@ -50,6 +50,9 @@ def test_local_mode_runs_controllers_on_the_host_not_as_deployments(harness):
     install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
     kinds = [o["kind"] for o in install.inputs["objs"]]
     assert "Deployment" not in kinds
+    # Nor the Services selecting their pods: pulumi-kubernetes would wait for an endpoint that never
+    # comes (10 minutes, then the install fails). NetworkPolicies select nothing that waits.
+    assert "Service" not in kinds and "NetworkPolicy" in kinds
     # Identities and RBAC stay: host controllers can be pointed at their ServiceAccounts.
     assert kinds.count("ServiceAccount") == 2 and "ClusterRoleBinding" in kinds
 
@@ -72,9 +75,14 @@ def test_build_flux_manifests_keeps_every_document_exactly_once():
     manifests = build_flux_manifests(FLUX_INSTALL, host_controllers=["source-controller"])
     names = [(o["kind"], o["metadata"]["name"]) for o in manifests.crds + manifests.resources]
     documents = [d for d in yaml.safe_load_all(FLUX_INSTALL) if d]
-    assert len(names) == len(set(names)) == len(documents) - 1
+    assert len(names) == len(set(names)) == len(documents) - 2
     assert ("Deployment", "source-controller") not in names and ("Deployment", "kustomize-controller") in names
-    assert manifests.host_run == ["source-controller"]
+    assert ("Service", "source-controller") not in names
+    assert manifests.host_run == ["source-controller"] and manifests.host_services == ["source-controller"]
+    # Without host controllers every Service stays (in-cluster controllers back them).
+    everything = build_flux_manifests(FLUX_INSTALL)
+    assert ("Service", "source-controller") in [(o["kind"], o["metadata"]["name"]) for o in everything.resources]
+    assert everything.host_services == []
     with pytest.raises(ValueError, match="no CustomResourceDefinitions"):
         build_flux_manifests("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")
 
