@@ -8,6 +8,7 @@ Config keys are camelCase as written in the stack file; args are the components'
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,6 +100,18 @@ def project_repo_args(settings: dict[str, Any], cluster: ClusterArgs, git_url: p
             "source_dir": settings.get("sourceDir", program_dir)}
 
 
+def resolve_backend_url(url: str) -> str:
+    """A file:// backend URL with `~` expanded here, where it means the user running the bootstrap.
+
+    The operator runs each Stack's update with HOME set to that Stack's own directory, so a `~` left
+    in `spec.backend` would name another, empty backend there: the platform stack would not find
+    the bootstrap stack it references. Other URLs are returned unchanged."""
+    prefix = "file://"
+    if url.startswith(prefix + "~"):
+        return prefix + os.path.expanduser(url[len(prefix):])
+    return url
+
+
 def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
                         published: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None) -> StackSpec:
     """`strata:platform` -> the Stack running programs/platform (layer 1), which reads `bootstrap_stack`
@@ -123,7 +136,8 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
         raise ValueError("strata:platform.repo is required outside local cluster mode: set it to the git URL of "
                          "this repository (local mode publishes it to the platform's git server instead)")
     if "backend" in settings:
-        spec["backend"] = settings["backend"]
-        spec["config"]["strata-platform:backend"] = settings["backend"]
+        backend = resolve_backend_url(settings["backend"])
+        spec["backend"] = backend
+        spec["config"]["strata-platform:backend"] = backend
         spec["secrets_provider"] = "passphrase"
     return spec

@@ -71,7 +71,9 @@ def test_the_dev_stack_file_configures_the_local_embedded_default(toolchain, pul
     assert spec["config"]["strata-platform:bootstrapStack"] == "organization/strata/dev"
     assert spec["config"]["strata-platform:teams"] == '[{"name": "alpha", "readNamespaces": []}, ' \
                                                       '{"name": "beta", "readNamespaces": []}]'
-    assert spec["backend"] == "file://~/.local/state/strata/pulumi" and spec["secretsProvider"] == "passphrase"
+    # `~` expanded for the user running the bootstrap: the operator's updates have a HOME of their own.
+    assert spec["backend"] == f"file://{Path.home()}/.local/state/strata/pulumi"
+    assert spec["secretsProvider"] == "passphrase"
     assert "127.0.0.1:" not in (ROOT / "Pulumi.dev.yaml").read_text()  # no fixed loopback ports
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from strata_components.bootstrap_config import (cluster_args, flux_args, operator_args, platform_stack_spec,
-                                                project_repo_args)
+                                                project_repo_args, resolve_backend_url)
 
 PROVIDER = None  # carried through untouched; the component tests cover what a provider does
 
@@ -62,3 +64,16 @@ def test_the_project_is_published_only_for_a_local_cluster_without_a_configured_
     assert project_repo_args({"sourceDir": "/elsewhere"}, local, "http://g", "/src")["source_dir"] == "/elsewhere"
     assert project_repo_args({"repo": "https://git.example/s.git"}, local, "http://g", "/src") is None
     assert project_repo_args({}, existing, None, "/src") is None
+
+
+def test_a_home_relative_file_backend_is_expanded_for_the_operator(monkeypatch, tmp_path):
+    # The operator runs updates with HOME set to the Stack's own directory: `~` must mean the
+    # bootstrap user's home before it reaches the Stack, or the platform cannot find this stack.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = platform_stack_spec({"backend": "file://~/.local/state/strata/pulumi"}, "organization/strata/dev", [],
+                               ("http://127.0.0.1:7/strata.git", "abc123"))
+    expected = f"file://{tmp_path}/.local/state/strata/pulumi"
+    assert spec["backend"] == expected and spec["config"]["strata-platform:backend"] == expected
+    assert Path(spec["backend"].removeprefix("file://")).is_absolute()
+    for unchanged in ("file:///srv/state", "s3://bucket/state", "https://api.pulumi.com"):
+        assert resolve_backend_url(unchanged) == unchanged

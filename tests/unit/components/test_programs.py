@@ -43,7 +43,8 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     provider = harness.one("pulumi:providers:kubernetes")
     assert provider.parent == cluster.urn
     install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
-    assert "Deployment" not in {o["kind"] for o in install.inputs["objs"]}  # host controllers in local mode
+    # Host controllers in local mode: no Deployment, and no Service that would wait for their pods.
+    assert not {"Deployment", "Service"} & {o["kind"] for o in install.inputs["objs"]}
     # The bundle URL is the platform's output (a port picked on first start), not a fixed one.
     invoke = next(c for c in harness.mocks.calls if c.token.startswith("flux:index/getFluxInstall"))
     assert invoke.args["baseurl"] == FLUX_BUNDLE_URL and invoke.args["version"] == "v2.9.5"
@@ -59,7 +60,9 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     spec = stack.inputs["spec"]
     assert spec["projectRepo"] == f"{GIT_URL}/strata.git" and spec["repoDir"] == "programs/platform"
     assert spec["commit"] == published_commit(repo.inputs["digest"]) and "branch" not in spec
-    assert spec["config"]["strata-platform:backend"] == "file://~/.local/state/strata/pulumi"
+    # `~` is the bootstrap user's home: the operator's updates run with a HOME of their own.
+    assert spec["backend"] == spec["config"]["strata-platform:backend"] == \
+        f"file://{Path.home()}/.local/state/strata/pulumi"
     assert spec["config"]["strata-platform:bootstrapStack"] == BOOTSTRAP_STACK
     assert [t["name"] for t in json.loads(spec["config"]["strata-platform:teams"])] == ["alpha", "beta"]
     assert spec["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]["secret"]["name"] == "strata-pulumi-passphrase"
