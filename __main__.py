@@ -18,6 +18,7 @@ from strata_components.bootstrap_config import (cluster_args, flux_args, operato
 from strata_components.cluster import Cluster
 from strata_components.flux import Flux
 from strata_components.layers import PASSPHRASE_SECRET, this_stack
+from strata_components.local.preflight import operator_engine_flags
 from strata_components.operator import Operator
 from strata_components.project_repo import ProjectRepo
 from strata_components.stack import Stack
@@ -33,8 +34,9 @@ flux = Flux("flux", flux_args(config.get_object("flux") or {}, cluster.provider,
                               bundle_url=local_platform.flux_bundle_url if local_platform else None))
 operator_config = operator_args(config.get_object("operator") or {}, cluster.provider, cluster_config,
                                 server=cluster.server,
-                                # The interpreter running this program is the project's virtualenv.
-                                command=[sys.executable, "-m", "strata_operator"])
+                                # The interpreter running this program is the project's virtualenv; the
+                                # operator's updates use the Pulumi CLI, Python host and plugins running it.
+                                command=[sys.executable, "-m", "strata_operator", *operator_engine_flags()])
 operator = Operator("operator", operator_config, pulumi.ResourceOptions(depends_on=[flux]))
 
 if platform_settings:

@@ -34,7 +34,8 @@ class OperatorLocalArgs(TypedDict):
     server: pulumi.Input[str]
     """API server URL for the operator's kubeconfig."""
     command: Sequence[str]
-    """argv of the operator process without the port flags, e.g. [<venv>/bin/python, -m, strata_operator]."""
+    """argv of the operator process without the port and state flags, e.g. [<venv>/bin/python, -m,
+    strata_operator] (plus `--pulumi`/`--plugin-dir` for the Pulumi install its updates use)."""
 
 
 class OperatorArgs(TypedDict):
@@ -199,6 +200,11 @@ def _platform(props: dict[str, Any]):
     return LocalPlatform(PlatformConfig(state_dir=Path(props["state_dir"])))
 
 
+def operator_state_dir(platform_state_dir: str) -> Path:
+    """Where a local operator keeps its per-Stack state: inside the platform's state directory."""
+    return Path(platform_state_dir).expanduser() / "operator"
+
+
 def _kubeconfig_path(props: dict[str, Any]) -> Path:
     return Path(props["state_dir"]) / "kubeconfigs" / f"{props['name']}.kubeconfig"
 
@@ -294,8 +300,12 @@ class Operator(pulumi.ComponentResource):
             if not local.get("command"):
                 raise ValueError("operator local mode: `local.command` (argv of the operator process) is required")
             health_port = args.get("health_port", DEFAULT_HEALTH_PORT)
-            flags = build_operator_flags(args.get("metrics_port", DEFAULT_METRICS_PORT), health_port,
-                                         args.get("args", ()))
+            # Per-Stack workdirs, PULUMI_HOMEs and virtualenvs live with the platform they belong to
+            # (not in the user's ~/.cache): one platform per state directory, gone with it. `args`
+            # come last, so a `--state-dir` there still wins.
+            flags = [f"--state-dir={operator_state_dir(local['state_dir'])}",
+                     *build_operator_flags(args.get("metrics_port", DEFAULT_METRICS_PORT), health_port,
+                                           args.get("args", ()))]
             OperatorProcess(f"{name}-process", state_dir=local["state_dir"], command=[*local["command"], *flags],
                             env=args.get("env", {}), kubeconfig=self.kubeconfig,
                             health_url=f"http://127.0.0.1:{health_port}/healthz" if health_port else None,

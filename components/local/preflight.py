@@ -31,6 +31,42 @@ def find_pulumi_with_python_host() -> Path | None:
     return None
 
 
+def _version_key(directory: Path) -> tuple:
+    version = directory.name.rsplit("-v", 1)[-1]
+    return tuple(int(part) if part.isdigit() else -1 for part in version.split("."))
+
+
+def plugin_dirs() -> list[Path]:
+    """The installed provider plugin directories of PLUGINS: each at its pinned version, else the newest."""
+    plugins = pulumi_home() / "plugins"
+    found = []
+    for name, version in PLUGINS.items():
+        # Only directories: pulumi keeps `<dir>.lock` and `<dir>.partial` files beside them.
+        pinned = plugins / f"resource-{name}-v{version}"
+        others = sorted((d for d in plugins.glob(f"resource-{name}-v*") if d.is_dir()), key=_version_key)
+        if pinned.is_dir():
+            found.append(pinned)
+        elif others:
+            found.append(others[-1])
+    return found
+
+
+def operator_engine_flags() -> list[str]:
+    """`python -m strata_operator` flags that give a local operator's updates this machine's Pulumi
+    install: the CLI with its Python language host, and the provider plugins. The operator runs each
+    update with a clean PATH and a PULUMI_HOME of its own, so without them a Python program finds
+    no language host and would download its plugins. Empty when there is no such install."""
+    cli = find_pulumi_with_python_host()
+    if cli is None:
+        return []
+    directories = [cli.parent]
+    host = shutil.which("pulumi-language-python")
+    if not (cli.parent / "pulumi-language-python").exists() and host:
+        directories.append(Path(host).parent)
+    directories += plugin_dirs()
+    return ["--pulumi", str(cli), *[flag for directory in directories for flag in ("--plugin-dir", str(directory))]]
+
+
 def missing_dev_stack_requirements() -> list[str]:
     """Each missing piece with how to get it; empty when the dev stack can run."""
     missing = []

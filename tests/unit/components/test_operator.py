@@ -139,7 +139,9 @@ def test_local_operator_runs_on_the_host_with_its_own_service_account_token(harn
     assert not harness.all("kubernetes:apps/v1:Deployment")
     process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
     assert process.parent == harness.one("strata:index:Operator").urn
-    assert process.inputs["command"] == ["/venv/bin/python", "-m", "strata_operator", "--metrics-port=8383",
+    # Its per-Stack state stays inside the platform's state directory, not the user's ~/.cache.
+    assert process.inputs["command"] == ["/venv/bin/python", "-m", "strata_operator",
+                                         "--state-dir=/tmp/strata-state/operator", "--metrics-port=8383",
                                          "--health-port=18384"]
     assert process.inputs["health_url"] == "http://127.0.0.1:18384/healthz"
     assert "kubeconfig" in process.additional_secret_outputs

@@ -26,8 +26,22 @@ def dev_config() -> dict:
     return {key.split(":", 1)[1]: value for key, value in document["config"].items()}
 
 
-def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(monkeypatch):
+def fake_pulumi_install(monkeypatch, root: Path) -> Path:
+    """A pulumi CLI with its Python host on PATH and the kubernetes plugin in PULUMI_HOME (empty files)."""
+    bin_dir = root / "pulumi-bin"
+    bin_dir.mkdir()
+    for name in ("pulumi", "pulumi-language-python"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    (root / "pulumi-home" / "plugins" / "resource-kubernetes-v4.34.2").mkdir(parents=True)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("PULUMI_HOME", str(root / "pulumi-home"))
+    return bin_dir
+
+
+def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(monkeypatch, tmp_path):
     monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "dev-passphrase")
+    pulumi_bin = fake_pulumi_install(monkeypatch, tmp_path)
     harness = Harness(config=dev_config(), project="strata", stack="dev")
     out = harness.run_program(ROOT / "__main__.py")
 
@@ -49,7 +63,14 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     invoke = next(c for c in harness.mocks.calls if c.token.startswith("flux:index/getFluxInstall"))
     assert invoke.args["baseurl"] == FLUX_BUNDLE_URL and invoke.args["version"] == "v2.9.5"
     process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
-    assert process.inputs["command"][1:3] == ["-m", "strata_operator"]
+    command = process.inputs["command"]
+    assert command[1:3] == ["-m", "strata_operator"]
+    # Its updates run with a clean PATH and an empty PULUMI_HOME: they get the CLI, Python host and
+    # kubernetes plugin this program runs with, and keep their state in the platform's directory.
+    assert command[command.index("--pulumi") + 1] == str(pulumi_bin / "pulumi")
+    plugin_dirs = [command[i + 1] for i, flag in enumerate(command) if flag == "--plugin-dir"]
+    assert plugin_dirs == [str(pulumi_bin), str(tmp_path / "pulumi-home" / "plugins" / "resource-kubernetes-v4.34.2")]
+    assert f"--state-dir={Path('~/.local/state/strata/platform').expanduser() / 'operator'}" in command
 
     # This project is published to the platform's git server; the Stack pins the published commit.
     repo = harness.one("pulumi-python:dynamic:Resource", "project-repo")

@@ -24,3 +24,38 @@ def test_an_official_install_satisfies_the_preflight(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(bin_dir))
     assert preflight.missing_dev_stack_requirements() == []
     assert preflight.main() == 0
+
+
+def _official_install(tmp_path, plugins=("resource-kubernetes-v4.34.2", "resource-flux-v1.0.1")):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("pulumi", "pulumi-language-python"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    for plugin in plugins:
+        (tmp_path / "plugins" / plugin).mkdir(parents=True)
+    return bin_dir
+
+
+def test_operator_engine_flags_hand_the_local_operator_this_pulumi_install(monkeypatch, tmp_path):
+    bin_dir = _official_install(tmp_path, ("resource-kubernetes-v4.34.2", "resource-kubernetes-v4.9.0",
+                                           "resource-flux-v1.0.1"))
+    (tmp_path / "plugins" / "resource-kubernetes-v4.34.2.lock").write_text("")  # pulumi's lock files are no dirs
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert preflight.operator_engine_flags() == [
+        "--pulumi", str(bin_dir / "pulumi"), "--plugin-dir", str(bin_dir),
+        "--plugin-dir", str(tmp_path / "plugins" / "resource-kubernetes-v4.34.2"),
+        "--plugin-dir", str(tmp_path / "plugins" / "resource-flux-v1.0.1")]
+
+
+def test_plugin_dirs_fall_back_to_the_newest_installed_version(monkeypatch, tmp_path):
+    _official_install(tmp_path, ("resource-kubernetes-v4.9.0", "resource-kubernetes-v4.30.1"))
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
+    assert preflight.plugin_dirs() == [tmp_path / "plugins" / "resource-kubernetes-v4.30.1"]
+
+
+def test_no_operator_engine_flags_without_a_python_host(monkeypatch, tmp_path):
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert preflight.operator_engine_flags() == []
