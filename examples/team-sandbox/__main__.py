@@ -3,10 +3,12 @@
     pip install -r requirements.txt           # installs strata_components from this checkout
     pulumi config set kubeconfigPath ~/.kube/config
     pulumi config set team demo
+    pulumi config set --secret statePassphrase ...   # the sandbox Stack's passphrase secrets
     pulumi up
 """
 
 import pulumi
+import pulumi_kubernetes as k8s
 
 from strata_components.cluster import Cluster
 from strata_components.stack import Program, Stack
@@ -20,9 +22,15 @@ kube = pulumi.ResourceOptions(provider=cluster.provider, depends_on=[team])
 hello = Program("hello", {"namespace": team.namespace, "program": {
     "resources": {"greeting": {"type": "pulumi:index:Stash", "properties": {"input": "hello from strata"}}},
     "outputs": {"greeting": "${greeting.output}"}}}, kube)
-Stack("hello", {"namespace": team.namespace, "spec": {"stack": "organization/hello/dev", "program_ref": {"name": "hello"},
-                                                     "backend": "file:///tmp/strata-state",
-                                                     "service_account_name": f"team-{team_name}"}},
-      pulumi.ResourceOptions(provider=cluster.provider, depends_on=[hello]))
+# A file:// backend uses passphrase secrets: without PULUMI_CONFIG_PASSPHRASE the operator's update
+# cannot even create the stack. The passphrase reaches the cluster only inside this Secret.
+passphrase = k8s.core.v1.Secret("hello-passphrase", metadata={"name": "hello-passphrase", "namespace": team.namespace},
+                                string_data={"passphrase": config.require_secret("statePassphrase")}, opts=kube)
+Stack("hello", {"namespace": team.namespace, "spec": {
+    "stack": "organization/hello/dev", "program_ref": {"name": "hello"}, "backend": "file:///tmp/strata-state",
+    "env_refs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret",
+                                              "secret": {"name": "hello-passphrase", "key": "passphrase"}}},
+    "service_account_name": f"team-{team_name}"}},
+      pulumi.ResourceOptions(provider=cluster.provider, depends_on=[hello, passphrase]))
 
 pulumi.export("teamKubeconfig", team.kubeconfig)

@@ -167,10 +167,16 @@ def test_example_program_uses_the_library_from_outside(tmp_path):
     kubeconfig = tmp_path / "config"
     kubeconfig.write_text(admin_kubeconfig())
     harness = Harness(project="strata-example-team-sandbox", stack="dev",
-                      config={"kubeconfigPath": str(kubeconfig), "team": "demo"})
+                      config={"kubeconfigPath": str(kubeconfig), "team": "demo", "statePassphrase": "sandbox-pp"})
     out = harness.run_program(ROOT / "examples" / "team-sandbox" / "__main__.py")
     assert out["teamKubeconfig"].secret
     stack = harness.one("kubernetes:pulumi.com/v1:Stack")
     assert stack.inputs["metadata"]["namespace"] == "team-demo"
     assert stack.inputs["spec"]["serviceAccountName"] == "team-demo"
     assert harness.one("kubernetes:pulumi.com/v1:Program").urn in stack.dependencies
+    # A file:// backend needs a passphrase: from a Secret in the Stack's namespace, never inline.
+    secret = harness.one("kubernetes:core/v1:Secret", "hello-passphrase")
+    assert secret.urn in stack.dependencies and secret.inputs["metadata"]["namespace"] == "team-demo"
+    ref = stack.inputs["spec"]["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]
+    assert ref == {"type": "Secret", "secret": {"name": "hello-passphrase", "key": "passphrase"}}
+    assert "sandbox-pp" not in json.dumps(stack.inputs)
