@@ -7,6 +7,7 @@ Runs against a throw-away file:// backend, passphrase and platform state directo
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -18,7 +19,9 @@ import pytest
 import yaml
 from requirements import missing_e2e_requirements
 
+from strata_components.local.platform import LocalPlatform, PlatformConfig
 from strata_components.local.preflight import find_pulumi_with_python_host
+from strata_components.local.processes import descendants, running_pid
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = missing_e2e_requirements()
@@ -51,24 +54,70 @@ def dev_stack(tmp_path):
     (project / "__main__.py").write_text((ROOT / "__main__.py").read_text())
     (project / ".venv").symlink_to(Path(sys.prefix))  # the interpreter running the tests has strata installed
     env = {**os.environ, "STRATA_E2E_PROJECT": str(project), "PULUMI_CONFIG_PASSPHRASE": "e2e-passphrase",
-           "PULUMI_SKIP_UPDATE_CHECK": "true"}
+           "PULUMI_SKIP_UPDATE_CHECK": "true",
+           # An exported PULUMI_BACKEND_URL would win over Pulumi.yaml's backend: pin the throw-away one.
+           "PULUMI_BACKEND_URL": f"file://{backend}"}
     _pulumi(env, "stack", "select", "--create", "dev", "--secrets-provider", "passphrase")
-    yield env, state
-    _pulumi(env, "destroy", "--yes", "--stack", "dev", "--skip-preview")
-    _pulumi(env, "stack", "rm", "--yes", "dev", "--force")
+    try:
+        yield env, state, backend
+        _pulumi(env, "destroy", "--yes", "--stack", "dev", "--skip-preview")
+        _pulumi(env, "stack", "rm", "--yes", "dev", "--force")
+    finally:
+        # Whatever failed above, leave no platform process (etcd, apiserver, operator, ...) running.
+        LocalPlatform(PlatformConfig(state_dir=state)).down(say=lambda _line: None)
 
 
 def _platform_pids(state: Path) -> list[int]:
+    """The running platform processes (the operator included) and everything they started."""
     pids = []
-    for record in (state / "run").glob("*.json"):
-        pid = json.loads(record.read_text())["pid"]
-        if Path(f"/proc/{pid}").exists():
-            pids.append(pid)
+    for record in sorted((state / "run").glob("*.json")):
+        pid = running_pid(state / "run", record.stem)
+        if pid is not None:
+            pids += [pid, *descendants(pid)]
     return pids
 
 
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _survivors(pids: list[int], grace: float = 30) -> list[str]:
+    """The command lines of `pids` still running after `grace` seconds (an operator's spare update
+    worker exits on its own once the operator is gone, not at once)."""
+    deadline = time.monotonic() + grace
+    while True:
+        alive = [pid for pid in pids if _alive(pid)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    lines = []
+    for pid in alive:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            lines.append(f"{pid}: {command}")
+        except OSError:
+            pass
+    return lines
+
+
+def _platform_stack_resources(backend: Path) -> list[str]:
+    """Types of what the operator's platform stack holds in the shared file:// backend ([] once gone)."""
+    for checkpoint in (backend / ".pulumi" / "stacks" / "strata-platform").glob("dev.json*"):
+        if checkpoint.name.endswith((".attrs", ".bak")):
+            continue
+        raw = checkpoint.read_bytes()
+        data = json.loads(gzip.decompress(raw) if checkpoint.name.endswith(".gz") else raw)
+        latest = data.get("checkpoint", {}).get("latest") or {}
+        return [resource["type"] for resource in latest.get("resources") or []]
+    return []
+
+
 def test_dev_stack_up_is_idempotent_and_destroy_leaves_nothing(dev_stack):
-    env, state = dev_stack
+    env, state, backend = dev_stack
     _pulumi(env, "up", "--yes", "--stack", "dev", "--skip-preview")
     outputs = json.loads(_pulumi(env, "stack", "output", "--json", "--stack", "dev").stdout)
     assert outputs["kubeconfig"] == "[secret]"  # never shown without --show-secrets
@@ -84,19 +133,35 @@ def test_dev_stack_up_is_idempotent_and_destroy_leaves_nothing(dev_stack):
     crds = {crd.metadata.name for crd in extensions.list_custom_resource_definition().items}
     assert {"stacks.pulumi.com", "programs.pulumi.com", "gitrepositories.source.toolkit.fluxcd.io"} <= crds
     custom = client.CustomObjectsApi(api)
-    deadline = time.monotonic() + 600
+    # The first run of the platform Stack clones this project from the platform's git server and
+    # pip-installs its requirements (strata from the checkout, the Pulumi SDKs from PyPI) first.
+    deadline = time.monotonic() + 900
     while True:
         stack = custom.get_namespaced_custom_object("pulumi.com", "v1", "strata-system", "stacks", "strata-platform")
-        conditions = {c["type"]: c for c in stack.get("status", {}).get("conditions", [])}
+        status = stack.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions", [])}
         if conditions.get("Ready", {}).get("status") == "True":
             break
-        assert time.monotonic() < deadline, f"platform Stack not Ready in 10 min: {conditions}"
+        assert time.monotonic() < deadline, \
+            f"platform Stack not Ready in 15 min: {conditions}; last update: {status.get('lastUpdate')}"
         time.sleep(5)
-    namespaces = {ns.metadata.name for ns in client.CoreV1Api(api).list_namespace().items}
+    assert status["lastUpdate"]["state"] == "succeeded"
+    # The platform layer read the bootstrap stack by reference and made one environment per team;
+    # the team kubeconfigs stay secret even in the Stack's status.
+    assert status["outputs"]["teamNamespaces"] == {"alpha": "team-alpha", "beta": "team-beta"}
+    assert status["outputs"]["teamKubeconfigs"] == "[secret]"
+    core = client.CoreV1Api(api)
+    namespaces = {ns.metadata.name for ns in core.list_namespace().items}
     assert {"team-alpha", "team-beta"} <= namespaces
+    assert core.read_namespaced_service_account("team-alpha", "team-alpha").metadata.name == "team-alpha"
+    # In the shared backend, next to the bootstrap stack.
+    assert "kubernetes:core/v1:Namespace" in _platform_stack_resources(backend)
 
-    second = _pulumi(env, "preview", "--stack", "dev", "--expect-no-changes")
-    assert second.returncode == 0
+    _pulumi(env, "preview", "--stack", "dev", "--expect-no-changes")
 
+    pids = _platform_pids(state)
+    assert pids, "no platform process was recorded"
     _pulumi(env, "destroy", "--yes", "--stack", "dev", "--skip-preview")
-    assert _platform_pids(state) == [], "destroy left local platform processes running"
+    assert _survivors(pids) == [], "destroy left local platform processes running"
+    # The platform Stack was finalized with destroyOnFinalize before the operator went away.
+    assert not [kind for kind in _platform_stack_resources(backend) if kind.startswith("kubernetes:")]

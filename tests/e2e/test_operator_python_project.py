@@ -17,7 +17,7 @@ from kubernetes import client
 from requirements import missing_e2e_requirements
 
 from strata_components.local.operator_host import operator_host
-from strata_components.local.preflight import PLUGINS, find_pulumi_with_python_host, pulumi_home
+from strata_components.local.preflight import find_pulumi_with_python_host, plugin_dirs
 from strata_components.local.processes import wait_until
 
 MISSING = missing_e2e_requirements()
@@ -42,10 +42,9 @@ PROGRAM = textwrap.dedent("""\
 @pytest.fixture(scope="module")
 def python_operator(platform, toolchain, tmp_path_factory):
     cli = find_pulumi_with_python_host()
-    plugins = tuple(sorted((pulumi_home() / "plugins").glob(f"resource-kubernetes-v{PLUGINS['kubernetes']}*")) or
-                    sorted((pulumi_home() / "plugins").glob("resource-kubernetes-v*"))[-1:])
+    # The kubernetes plugin directory (its pinned version, else the newest; never pulumi's .lock files).
     host = operator_host(platform, toolchain, tmp_path_factory.mktemp("e2e-operator"), pulumi=cli,
-                         plugin_dirs=(cli.parent, *plugins), extra_args=("--verbose",))
+                         plugin_dirs=(cli.parent, *plugin_dirs()), extra_args=("--verbose",))
     host.start()
     yield host
     host.stop()
@@ -108,3 +107,8 @@ def test_python_project_from_git_runs_as_the_stacks_service_account(python_opera
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", "inside")
     wait_until(lambda: not core.list_namespaced_config_map(namespace, field_selector="metadata.name=inside").items,
                300, "destroyOnFinalize removed the ConfigMap", log=python_operator.log, interval=2)
+
+    # A Stack whose update failed still finalizes (nothing was created), so its namespace can go.
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", "outside")
+    wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "stacks")["items"],
+               300, "both Stacks finalized and gone", log=python_operator.log, interval=2)
