@@ -1,11 +1,11 @@
 """The engine port: the one interface between the operator and Pulumi, and its production implementation.
 
-`Engine` is what handlers call. `AutomationEngine` runs every operation in a worker subprocess
-(`python -m strata_operator.worker`, which drives `pulumi.automation` against the `pulumi` CLI)
-so that no update ever runs inside the Kopf process: each worker gets its own workdir and
-PULUMI_HOME and an environment holding only that Stack's variables, under a global concurrency
-limit, with at most one operation per Stack at a time. Requests (which carry secrets) travel on the
-worker's stdin, never in argv.
+`Engine` is what handlers call. `AutomationEngine` runs every operation in a worker process forked
+for it by a fork server (`python -m strata_operator.worker`, which drives `pulumi.automation`
+against the `pulumi` CLI) so that no update ever runs inside the Kopf process: each worker gets its
+own workdir and PULUMI_HOME and an environment holding only that Stack's variables, under a global
+concurrency limit, with at most one operation per Stack at a time. Requests (which carry secrets)
+travel on the worker's own socket, never in argv.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -135,18 +136,17 @@ def _package_root() -> str:
 
 
 class AutomationEngine:
-    """`Engine` on the Pulumi Automation API, one worker subprocess per operation."""
+    """`Engine` on the Pulumi Automation API, one forked worker process per operation."""
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._locks: dict[str, asyncio.Lock] = {}
-        self._running: dict[str, asyncio.subprocess.Process] = {}
+        self._running: dict[str, Worker] = {}
         self._path = settings.search_path()
-        # One worker started ahead of need, so an update does not wait for Python and the
-        # Automation API to load (~0.5 s of every run).
-        self._spare: tuple[asyncio.AbstractEventLoop, asyncio.subprocess.Process] | None = None
-        self._refill: asyncio.Task | None = None
+        # Tuples with their event loop: pipes and locks belong to one (only tests run several loops).
+        self._forkserver: tuple[asyncio.AbstractEventLoop, asyncio.subprocess.Process, Path] | None = None
+        self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     def busy(self, stack_key: str) -> bool:
         lock = self._locks.get(stack_key)
@@ -174,10 +174,10 @@ class AutomationEngine:
         return await self._run("recover", request)
 
     async def cancel(self, stack_key: str) -> bool:
-        process = self._running.get(stack_key)
-        if process is None or process.returncode is not None:
+        worker = self._running.get(stack_key)
+        if worker is None or worker.exited:
             return False
-        await _interrupt(process)
+        await worker.interrupt()
         return True
 
     def pulumi_home(self, stack_key: str) -> Path:
@@ -200,80 +200,114 @@ class AutomationEngine:
         env.update(request.env)
         return env
 
-    async def _spawn_worker(self) -> asyncio.subprocess.Process:
-        """A worker with a neutral environment; the Stack's own arrives with its request on stdin."""
+    async def _start_forkserver(self) -> None:
+        """The fork server, with a neutral environment: a Stack's own arrives with its request."""
         neutral = self.settings.state_dir / "worker"
         neutral.mkdir(parents=True, exist_ok=True)
         env = {"PATH": self._path, "HOME": str(neutral), "LANG": "C.UTF-8", "PYTHONPATH": _package_root(),
                "PYTHONUNBUFFERED": "1", "PULUMI_SKIP_UPDATE_CHECK": "true"}
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "strata_operator.worker",
+        # A short private directory: socket paths are limited to 107 bytes.
+        socket_path = Path(tempfile.mkdtemp(prefix="strata-worker-")) / "socket"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "strata_operator.worker", str(socket_path),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             cwd=neutral, env=env, start_new_session=True)
+        assert process.stdout is not None
+        said = await process.stdout.readline()
+        if said.strip() != b"ready":
+            rest = await process.stdout.read()
+            raise EngineUnavailable(redact(f"the worker fork server did not start: {(said + rest).decode()[-800:]}"))
+        self._forkserver = (asyncio.get_running_loop(), process, socket_path)
 
-    async def _take_worker(self) -> asyncio.subprocess.Process:
+    async def _connect(self) -> Worker:
+        """A fresh worker process, forked for this one operation."""
         loop = asyncio.get_running_loop()
-        spare, self._spare = self._spare, None
-        # A spare's pipes belong to the loop that started it (only tests run several loops).
-        if spare is None or spare[0] is not loop or spare[1].returncode is not None:
-            worker = await self._spawn_worker()
-        else:
-            worker = spare[1]
-        if self._refill is None or self._refill.done():
-            self._refill = loop.create_task(self._keep_spare())
-        return worker
-
-    async def _keep_spare(self) -> None:
-        if self._spare is None:
-            self._spare = (asyncio.get_running_loop(), await self._spawn_worker())
+        if self._starting is None or self._starting[0] is not loop:
+            self._starting = (loop, asyncio.Lock())
+        async with self._starting[1]:
+            if self._forkserver is None or self._forkserver[0] is not loop or self._forkserver[1].returncode is not None:
+                await self._start_forkserver()
+            assert self._forkserver is not None
+        reader, writer = await asyncio.open_unix_connection(str(self._forkserver[2]), limit=2**24)
+        said = await reader.readline()
+        if not said.strip().isdigit():
+            raise EngineUnavailable(redact(f"a worker did not start: {(said + await reader.read()).decode()[-800:]}"))
+        return Worker(int(said), reader, writer)
 
     async def _run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         REDACTOR.add(*request.secret_config.values())
         lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
         async with lock, self._slots:
             started = time.monotonic()
-            process = await self._take_worker()
-            self._running[request.stack_key] = process
+            worker = await self._connect()
+            self._running[request.stack_key] = worker
             payload = json.loads(request.to_json(operation))
             payload["worker_env"] = self.worker_env(request)
             try:
-                stdout = await asyncio.wait_for(self._communicate(process, json.dumps(payload)),
+                stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
                                                 timeout=self.settings.timeout_seconds)
             except asyncio.TimeoutError:
-                await _interrupt(process)
+                await worker.interrupt()
                 return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
                                     duration=time.monotonic() - started)
             except asyncio.CancelledError:
                 # The operator is stopping or the Stack was deleted: let the CLI cancel cleanly.
-                await asyncio.shield(_interrupt(process))
+                await asyncio.shield(worker.interrupt())
                 raise
             finally:
                 self._running.pop(request.stack_key, None)
-            return _parse_worker_output(operation, stdout, process.returncode, time.monotonic() - started)
+            return _parse_worker_output(operation, stdout, worker.interrupted, time.monotonic() - started)
 
-    @staticmethod
-    async def _communicate(process: asyncio.subprocess.Process, payload: str) -> str:
-        out, _ = await process.communicate(payload.encode())
+
+@dataclasses.dataclass
+class Worker:
+    """One forked worker: its process group (it is a session leader) and its connection."""
+
+    pid: int
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    exited: bool = False
+    interrupted: bool = False
+
+    async def communicate(self, payload: str) -> str:
+        self.writer.write(payload.encode())
+        await self.writer.drain()
+        self.writer.write_eof()
+        try:
+            out = await self.reader.read()
+        finally:
+            self.exited = True
+            self.writer.close()
         return out.decode(errors="replace")
 
+    async def interrupt(self) -> None:
+        """SIGINT the worker's process group (the CLI cancels gracefully), then SIGKILL after a grace period."""
+        self.interrupted = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGINT)
+        deadline = time.monotonic() + CANCEL_GRACE_SECONDS
+        while time.monotonic() < deadline and _alive(self.pid):
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.writer.close()
 
-def _parse_worker_output(operation: Operation, stdout: str, returncode: int | None, duration: float) -> UpdateResult:
+
+def _alive(pid: int) -> bool:
+    """Whether the process group led by `pid` still has members (its leader is not our child to wait for)."""
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _parse_worker_output(operation: Operation, stdout: str, interrupted: bool, duration: float) -> UpdateResult:
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return UpdateResult.from_json(line[len(RESULT_PREFIX):], duration)
+            result = UpdateResult.from_json(line[len(RESULT_PREFIX):], duration)
+            return dataclasses.replace(result, outcome="cancelled") if interrupted and not result.ok else result
+    if interrupted:
+        return UpdateResult("cancelled", f"{operation} interrupted", duration=duration)
     tail = "\n".join(stdout.strip().splitlines()[-5:])
-    if returncode is not None and returncode < 0:
-        return UpdateResult("cancelled", redact(f"{operation} interrupted by signal {-returncode}"), duration=duration)
-    return UpdateResult("failed", redact(f"{operation} worker exited with {returncode}: {tail}"), duration=duration)
-
-
-async def _interrupt(process: asyncio.subprocess.Process) -> None:
-    """SIGINT the worker's process group (the CLI cancels gracefully), then SIGKILL after a grace period."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGINT)
-    try:
-        await asyncio.wait_for(process.wait(), timeout=CANCEL_GRACE_SECONDS)
-    except asyncio.TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
+    return UpdateResult("failed", redact(f"{operation} worker ended without a result: {tail}"), duration=duration)

@@ -1,25 +1,33 @@
-"""One engine operation, run as `python -m strata_operator.worker` by `AutomationEngine`.
+"""Engine operations, run out of the Kopf process: `python -m strata_operator.worker SOCKET`.
 
-Reads an `UpdateRequest` (JSON, with its operation) on stdin, drives `pulumi.automation` against the
-`pulumi` CLI on PATH in the current directory (the project), and prints one result line prefixed
-with `STRATA-RESULT `. Its environment is only the Stack's own; its exit does not matter, the
+That process is a fork server (`serve`); each operation is a child forked for it, which reads an
+`UpdateRequest` (JSON, with its operation) from its connection, drives `pulumi.automation` against
+the `pulumi` CLI on PATH in the project directory, and writes one result line prefixed with
+`STRATA-RESULT `. The child's environment is only the Stack's own; its exit does not matter, the
 result line does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import selectors
+import signal
+import socket
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 from pulumi import automation as auto
-from pulumi.automation.errors import CommandError, ConcurrentUpdateError
+import yaml
+from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, StackAlreadyExistsError,
+                                      StackNotFoundError, create_command_error)
 
 from .engine import RESULT_PREFIX
 from .pythonenv import ensure_virtualenv
@@ -31,6 +39,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ERROR_LINE = re.compile(r"^(?:.*\s)?error:\s*(.+)$", re.I)
 # The items of "N errors occurred:", which carry the actual causes.
 _ERROR_ITEM = re.compile(r"^\s*\*\s+(.+)$")
+# How the engine marks a secret value in serialized state and event logs.
+_SECRET_SIG, _SECRET_KIND = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
 _NOISE = re.compile(r"^(?:an unhandled error occurred: )?\d+ errors? occurred:?$|^update failed", re.I)
 
 
@@ -53,17 +63,149 @@ def _permalink(stdout: str) -> str:
     return found.group(1) if found else ""
 
 
-def _set_config(stack: auto.Stack, workdir: str, request: dict[str, Any]) -> None:
-    """Plain config in one CLI call (JSON values allowed); secrets one by one on stdin, never in argv."""
-    plain = {key: ({"value": value} if isinstance(value, str) else {"value": json.dumps(value), "objectValue": value})
-             | {"secret": False} for key, value in request["config"].items()}
-    if plain:
-        stack.workspace.set_all_config_json(stack.name, json.dumps(plain))
-    for key, value in request["secret_config"].items():
-        done = subprocess.run(["pulumi", "config", "set", "--secret", "--stack", stack.name, "--non-interactive", key],
+def _project_name(workdir: str) -> str:
+    for name in ("Pulumi.yaml", "Pulumi.yml"):
+        path = Path(workdir) / name
+        if path.is_file():
+            return str((yaml.safe_load(path.read_text()) or {}).get("name", ""))
+    return ""
+
+
+def _write_plain_config(workdir: str, stack_name: str, config: dict[str, Any]) -> None:
+    """Plain config straight into the stack settings file: no CLI run (values may be structured).
+
+    Merged over what the file already holds (a repository's own stack file, the salt `stack init`
+    wrote); keys without a namespace belong to the project, as with `pulumi config set`.
+    """
+    if not config:
+        return
+    project = _project_name(workdir)
+    path = Path(workdir) / f"Pulumi.{stack_name.split('/')[-1]}.yaml"
+    settings = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+    values = settings.setdefault("config", {})
+    for key, value in config.items():
+        values[key if ":" in key else f"{project}:{key}"] = value
+    path.write_text(yaml.safe_dump(settings, sort_keys=False))
+
+
+def _set_secret_config(command: auto.PulumiCommand, workdir: str, stack_name: str, secrets: dict[str, str]) -> None:
+    """One by one with the value on stdin: never in argv, where any local user could read it."""
+    for key, value in secrets.items():
+        done = subprocess.run([command.command, "config", "set", "--secret", "--stack", stack_name,
+                               "--non-interactive", key],
                               input=value, capture_output=True, text=True, cwd=workdir)
         if done.returncode != 0:
+            error = create_command_error(auto.CommandResult(done.stdout, done.stderr, done.returncode))
+            if isinstance(error, StackNotFoundError):
+                raise error
             raise RuntimeError(f"setting secret config {key!r} failed: {done.stderr.strip()}")
+
+
+class KnownStack:
+    """Whether this Stack's backend stack is known to exist, so an update needs no `stack init` run.
+
+    A record in the Stack's own state directory, written after the stack was created or used; when
+    it is stale (the stack was removed behind our back) the update says so and is retried after init.
+    """
+
+    def __init__(self, path: Path, backend: str, stack_name: str):
+        self.path, self.key = path, {"backend": backend, "stack": stack_name}
+
+    def known(self) -> bool:
+        try:
+            return json.loads(self.path.read_text()) == self.key
+        except (OSError, ValueError):
+            return False
+
+    def remember(self) -> None:
+        self.path.write_text(json.dumps(self.key))
+
+    def forget(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _prepare_stack(workspace: auto.LocalWorkspace, request: dict[str, Any], create: bool) -> None:
+    """Create the stack if asked (an existing one is fine), then give it the request's config."""
+    name, workdir = request["stack_name"], workspace.work_dir
+    if create:
+        try:
+            workspace.create_stack(name)
+        except StackAlreadyExistsError:
+            pass
+    _write_plain_config(workdir, name, request["config"])
+    _set_secret_config(workspace.pulumi_command, workdir, name, request["secret_config"])
+    if request["environments"]:
+        workspace.add_environments(name, *request["environments"])
+
+
+def _event_log_results(path: Path) -> tuple[dict[str, dict[str, Any]] | None, dict[str, int]]:
+    """(root stack outputs, resource changes) from an engine event log; outputs None if it had none.
+
+    The engine writes secret outputs into the log as "[secret]" under the secret signature, so no
+    secret value is ever read here.
+    """
+    outputs: dict[str, dict[str, Any]] | None = None
+    summary: dict[str, int] = {}
+    if not path.is_file():
+        return outputs, summary
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        event = json.loads(line)
+        res_outputs = event.get("resOutputsEvent")
+        if res_outputs and res_outputs.get("metadata", {}).get("type") == "pulumi:pulumi:Stack":
+            new = res_outputs["metadata"].get("new") or {}
+            outputs = {key: {"value": _unwrap_secret(value), "secret": _holds_secret(value)}
+                       for key, value in (new.get("outputs") or {}).items()}
+        if event.get("summaryEvent"):
+            summary = dict(event["summaryEvent"].get("resourceChanges") or {})
+    return outputs, summary
+
+
+def _holds_secret(value: Any) -> bool:
+    if isinstance(value, dict):
+        return value.get(_SECRET_SIG) == _SECRET_KIND or any(_holds_secret(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_secret(v) for v in value)
+    return False
+
+
+def _unwrap_secret(value: Any) -> Any:
+    return None if _holds_secret(value) else value
+
+
+def _cli_outputs(command: auto.PulumiCommand, workdir: str, stack_name: str) -> dict[str, dict[str, Any]]:
+    """One `stack output --json` without --show-secrets: secret values come back as "[secret]"."""
+    result = command.run(["stack", "output", "--json", "--non-interactive", "--stack", stack_name], workdir, {})
+    return {key: {"value": None if value == "[secret]" else value, "secret": value == "[secret]"}
+            for key, value in json.loads(result.stdout or "{}").items()}
+
+
+def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """`pulumi up` of a prepared stack, in exactly one CLI run.
+
+    The Automation API's `Stack.up` also selects the stack and, afterwards, reads the outputs twice
+    and the history once (about 1 s of every update); here outputs and the change summary come from
+    the update's own event log.
+    """
+    name = request["stack_name"]
+    event_log = Path(workdir).parent / f".events-{os.getpid()}.jsonl"
+    args = ["up", "--yes", "--skip-preview", "--non-interactive", "--stack", name, "--event-log", str(event_log)]
+    for target in request["targets"]:
+        args += ["--target", target]
+    if request["targets"] and request["target_dependents"]:
+        args.append("--target-dependents")
+    if request["message"]:
+        args += ["--message", request["message"]]
+    try:
+        # As the Automation API does: the CLI offers --event-log only with debug commands on.
+        result = command.run(args, workdir, {"PULUMI_DEBUG_COMMANDS": "true"})
+    finally:
+        outputs, summary = _event_log_results(event_log)
+        event_log.unlink(missing_ok=True)
+    if outputs is None:
+        outputs = _cli_outputs(command, workdir, name)
+    return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": outputs}
 
 
 def _file_backend_dir(env: dict[str, str]) -> Path | None:
@@ -117,45 +259,63 @@ def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) 
 def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
     workdir = os.getcwd()
     operation = request["operation"]
+    name = request["stack_name"]
     if operation in ("up", "preview"):
         # Only these run the program. HOME is the Stack's own directory (engine.worker_env).
         ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs")
     workspace = auto.LocalWorkspace(work_dir=workdir, pulumi_home=os.environ.get("PULUMI_HOME"),
                                     secrets_provider=request["secrets_provider"] or None,
                                     pulumi_command=pulumi_command)
+    known = KnownStack(Path(os.environ["HOME"]).parent / "known-stack.json", os.environ.get("PULUMI_BACKEND_URL", ""),
+                       name)
     if operation == "recover":
         root = _file_backend_dir(dict(os.environ))
         if root is not None:
-            actions = _recover_file_backend(root, request["stack_name"], request["interrupted_host"],
-                                            request["interrupted_since"])
+            actions = _recover_file_backend(root, name, request["interrupted_host"], request["interrupted_since"])
         else:
-            auto.Stack.select(request["stack_name"], workspace).cancel()
+            auto.Stack.select(name, workspace).cancel()
             actions = ["cancelled the interrupted update in the backend"]
         return {"outcome": "succeeded", "message": "; ".join(actions) or "nothing to recover"}
     if operation == "remove":
-        workspace.remove_stack(request["stack_name"])
+        workspace.remove_stack(name)
+        known.forget()
         return {"outcome": "succeeded"}
+    if operation == "outputs":
+        return {"outcome": "succeeded", "outputs": _cli_outputs(pulumi_command, workdir, name)}
 
-    if request["create"] and operation != "destroy":
-        stack = auto.Stack.create_or_select(request["stack_name"], workspace)
-    else:
-        stack = auto.Stack.select(request["stack_name"], workspace)
-    if operation != "outputs":
-        _set_config(stack, workdir, request)
-        if request["environments"]:
-            stack.add_environments(*request["environments"])
+    create = request["create"] and operation != "destroy"
+    if operation == "up" and not request["refresh"]:
+        return _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir))
+    return _on_stack(workspace, request, known, create, lambda: _automation_operation(workspace, request, workdir))
+
+
+def _on_stack(workspace: auto.LocalWorkspace, request: dict[str, Any], known: KnownStack, create: bool,
+              operation: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Prepare the stack and run `operation`; a stale record costs one more try after `stack init`."""
+    try:
+        _prepare_stack(workspace, request, create and not known.known())
+        result = operation()
+    except StackNotFoundError:
+        known.forget()
+        if not create:
+            raise
+        _prepare_stack(workspace, request, True)
+        result = operation()
+    known.remember()
+    return result
+
+
+def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """The less frequent operations (preview, refresh, destroy, up after refresh) through `auto.Stack`."""
+    operation = request["operation"]
+    stack = auto.Stack.select(request["stack_name"], workspace)
     targets = list(request["targets"]) or None
     message = request["message"] or None
-    stdout = ""
-    summary: dict[str, int] = {}
-    outputs: dict[str, auto.OutputValue] | None = None
     if request["refresh"] and operation in ("up", "preview"):
         stack.refresh(expect_no_changes=request["expect_no_refresh_changes"] or None, message=message)
     if operation == "up":
-        result = stack.up(target=targets, target_dependents=request["target_dependents"] or None, message=message)
-        # up() already read the outputs; reading them again costs two more CLI runs.
-        stdout, summary, outputs = result.stdout, dict(result.summary.resource_changes or {}), result.outputs
-    elif operation == "preview":
+        return _up(workspace.pulumi_command, request, workdir)
+    if operation == "preview":
         preview = stack.preview(target=targets, target_dependents=request["target_dependents"] or None,
                                 message=message)
         stdout, summary = preview.stdout, {k.value if hasattr(k, "value") else str(k): v
@@ -163,15 +323,10 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
     elif operation == "refresh":
         refreshed = stack.refresh(target=targets, message=message)
         stdout, summary = refreshed.stdout, dict(refreshed.summary.resource_changes or {})
-    elif operation == "destroy":
+    else:
         destroyed = stack.destroy(target=targets, message=message)
         stdout, summary = destroyed.stdout, dict(destroyed.summary.resource_changes or {})
-    if operation in ("preview", "destroy"):
-        outputs = {}
-    elif outputs is None:
-        outputs = stack.outputs()
-    return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary,
-            "outputs": {name: {"value": out.value, "secret": out.secret} for name, out in outputs.items()}}
+    return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary, "outputs": {}}
 
 
 def _enter(request: dict[str, Any]) -> None:
@@ -182,15 +337,8 @@ def _enter(request: dict[str, Any]) -> None:
     os.chdir(request["project_dir"])
 
 
-def main() -> int:
-    # Started ahead of need with a neutral environment: the imports above and the CLI's version probe
-    # are paid while waiting. The request (with the Stack's environment and secrets) comes on stdin.
-    os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
-    pulumi_command = auto.PulumiCommand()
-    payload = sys.stdin.read()
-    if not payload:
-        return 0  # the operator went away before handing this spare worker a request
-    request = json.loads(payload)
+def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
+    """Run one request as this process's only job; every failure comes back as a result, redacted."""
     redactor = Redactor()
     redactor.add(*request["secret_config"].values(), *request["env"].values())
     _enter(request)
@@ -207,14 +355,74 @@ def main() -> int:
     except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
         result = {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
     result["message"] = redactor.redact(result.get("message", ""))
-    for output in result.get("outputs", {}).values():
-        if output["secret"]:
-            # Secret outputs never leave the worker with their value.
-            output["value"] = None
+    return result
+
+
+def _serve_one(conn: socket.socket, pulumi_command: auto.PulumiCommand) -> None:
+    """In a freshly forked child: become a session leader, say who we are, run the request, exit."""
+    os.setsid()  # the engine interrupts the whole tree (this worker and its CLIs) with killpg
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # subprocess needs to reap its own children
+    # The engine's SIGINT is for the CLI (it cancels the update cleanly); this driver waits for it.
+    # A handler, not SIG_IGN, so the CLI does not inherit the disposition.
+    signal.signal(signal.SIGINT, lambda *_: None)
+    # Anything printed, tracebacks included, goes to the engine like the result line does; the fork
+    # server's stdin (the operator's pipe) is not this worker's business.
+    for fd in (1, 2):
+        os.dup2(conn.fileno(), fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout.write(f"{os.getpid()}\n")
+    sys.stdout.flush()
+    chunks = []
+    while chunk := conn.recv(65536):
+        chunks.append(chunk)
+    result = handle(json.loads(b"".join(chunks)), pulumi_command)
     sys.stdout.write(RESULT_PREFIX + json.dumps(result, default=str) + "\n")
     sys.stdout.flush()
-    return 0
+
+
+def serve(socket_path: str) -> int:
+    """The fork server: imports and the CLI's version probe paid once; each connection is one request,
+    run in a child forked for it (milliseconds, where a new interpreter costs ~0.3 s of CPU).
+
+    This process never reads a request, so no Stack's environment or secret is ever in the memory
+    the children inherit. It exits when the operator goes away (its stdin closes).
+    """
+    os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
+    pulumi_command = auto.PulumiCommand()
+    Path(socket_path).unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # only the operator's user may connect
+    try:
+        listener.bind(socket_path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(128)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the operator's Ctrl-C is for the operator
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    with selectors.DefaultSelector() as selector:
+        selector.register(listener, selectors.EVENT_READ)
+        selector.register(sys.stdin, selectors.EVENT_READ)
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj is sys.stdin:  # EOF: the operator is gone
+                    listener.close()
+                    Path(socket_path).unlink(missing_ok=True)
+                    with contextlib.suppress(OSError):
+                        Path(socket_path).parent.rmdir()
+                    return 0
+                conn, _ = listener.accept()
+                if os.fork() == 0:
+                    try:
+                        listener.close()
+                        _serve_one(conn, pulumi_command)
+                    finally:
+                        os._exit(0)
+                conn.close()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve(sys.argv[1]))

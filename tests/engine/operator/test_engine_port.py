@@ -6,6 +6,7 @@ No test double: every outcome here is produced by the real engine on a file:// b
 import asyncio
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,24 @@ def test_held_lock_is_a_conflict_and_recover_clears_only_our_dead_run(engine, tm
                                                        "interrupted_since": 0.0})))
     assert ours.ok and "lock" in ours.message and not lock.exists()
     assert asyncio.run(engine.up(req)).ok
+
+
+def test_a_stack_removed_behind_the_operators_back_is_created_again(engine, tmp_path):
+    req = request(tmp_path)
+    assert asyncio.run(engine.up(req)).ok
+    env = {**req.env, "PATH": f"{PULUMI.parent}:{YAML_HOST}:/usr/bin:/bin", "PULUMI_HOME": str(tmp_path / "home")}
+    subprocess.run([str(PULUMI), "stack", "rm", "--yes", "--force", "--stack", "dev"], cwd=req.project_dir, env=env,
+                   check=True, capture_output=True)
+    again = asyncio.run(engine.up(UpdateRequest(**{**req.__dict__, "config": {"greeting": "again", "tags": {}}})))
+    assert again.ok, again.message
+    assert again.outputs["said"] == ("again", False) and again.summary.get("create") == 3
+
+
+def test_a_second_update_changes_only_what_the_config_changed(engine, tmp_path):
+    req = request(tmp_path)
+    assert asyncio.run(engine.up(req)).ok
+    changed = asyncio.run(engine.up(UpdateRequest(**{**req.__dict__, "config": {"greeting": "bye", "tags": {}}})))
+    assert changed.ok, changed.message
+    # A Stash keeps the output it was created with; the input change shows as its one update.
+    assert changed.outputs["tags"] == ({}, False) and changed.outputs["said"] == ("hello", False)
+    assert changed.summary.get("update") == 1 and changed.summary.get("same") == 2

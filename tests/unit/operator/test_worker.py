@@ -1,0 +1,74 @@
+"""The worker's pure parts: config written into the stack file, results read from an event log, the
+record of which backend stack is known to exist. The real CLI runs them in tests/engine/operator."""
+
+import json
+
+import yaml
+
+from strata_operator.worker import KnownStack, _event_log_results, _holds_secret, _write_plain_config
+
+SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": '"[secret]"'}
+
+
+def test_plain_config_is_namespaced_and_merged_over_the_stack_file(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: app\nruntime: yaml\n")
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(
+        {"encryptionsalt": "v1:abc", "config": {"app:kept": "from the repo", "app:size": 1}}))
+    _write_plain_config(str(tmp_path), "org/app/dev", {"size": 3, "aws:region": "eu-west-1",
+                                                        "tags": {"team": "a", "ids": [1, 2]}})
+    written = yaml.safe_load((tmp_path / "Pulumi.dev.yaml").read_text())
+    assert written["encryptionsalt"] == "v1:abc"  # what `stack init` wrote survives
+    assert written["config"] == {"app:kept": "from the repo", "app:size": 3, "aws:region": "eu-west-1",
+                                 "app:tags": {"team": "a", "ids": [1, 2]}}
+
+
+def test_no_config_leaves_no_file(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: app\nruntime: yaml\n")
+    _write_plain_config(str(tmp_path), "dev", {})
+    assert not (tmp_path / "Pulumi.dev.yaml").exists()
+
+
+def _log(tmp_path, *events):
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def _stack_outputs(outputs):
+    return {"resOutputsEvent": {"metadata": {"type": "pulumi:pulumi:Stack", "urn": "urn:pulumi:dev::app::"
+                                             "pulumi:pulumi:Stack::app-dev", "new": {"outputs": outputs}}}}
+
+
+def test_event_log_gives_root_outputs_with_secrets_withheld_and_the_summary(tmp_path):
+    path = _log(tmp_path,
+                {"preludeEvent": {"config": {}}},
+                {"resOutputsEvent": {"metadata": {"type": "pulumi:index:Stash", "new": {"outputs": {"x": 1}}}}},
+                _stack_outputs({"said": "hello", "password": SECRET, "nested": {"a": [1, SECRET]}, "n": 2}),
+                {"summaryEvent": {"resourceChanges": {"create": 2, "same": 1}}})
+    outputs, summary = _event_log_results(path)
+    assert outputs == {"said": {"value": "hello", "secret": False}, "password": {"value": None, "secret": True},
+                       "nested": {"value": None, "secret": True}, "n": {"value": 2, "secret": False}}
+    assert summary == {"create": 2, "same": 1}
+
+
+def test_event_log_without_stack_outputs_says_so(tmp_path):
+    assert _event_log_results(_log(tmp_path, {"summaryEvent": {"resourceChanges": {}}})) == (None, {})
+    assert _event_log_results(tmp_path / "missing.jsonl") == (None, {})
+
+
+def test_secret_detection_looks_inside_values():
+    assert _holds_secret(SECRET) and _holds_secret([SECRET]) and _holds_secret({"a": {"b": SECRET}})
+    assert not _holds_secret({"plaintext": "x"}) and not _holds_secret("[secret]-like text")
+
+
+def test_known_stack_record_is_per_backend_and_stack(tmp_path):
+    record = tmp_path / "known.json"
+    known = KnownStack(record, "file:///a", "dev")
+    assert not known.known()
+    known.remember()
+    assert known.known()
+    assert not KnownStack(record, "file:///b", "dev").known()
+    assert not KnownStack(record, "file:///a", "prod").known()
+    known.forget()
+    assert not known.known()
+    known.forget()  # already gone: fine
