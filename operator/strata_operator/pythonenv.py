@@ -1,9 +1,10 @@
 """Python programs' dependencies: one virtualenv per Stack, keyed by the hash of its requirements.
 
 PKO v2 runs `pulumi install` in a fresh workspace pod for every update. Here updates share the
-host, so a Stack keeps its installed environment and rebuilds it only when requirements.txt or the
-interpreter changes: an unchanged program costs no install at all. The project's Pulumi.yaml (in
-the operator's own copy of the source) is pointed at that virtualenv.
+host, so a Stack keeps its installed environment and rebuilds it only when requirements.txt, a
+local directory it installs (e.g. `../..`, a library beside the program in the same repository) or
+the interpreter changes: an unchanged program costs no install at all. The project's Pulumi.yaml
+(in the operator's own copy of the source) is pointed at that virtualenv.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import yaml
 
 PROJECT_FILES = ("Pulumi.yaml", "Pulumi.yml")
+SKIPPED_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".pytest_cache", "build", "dist"}
 
 
 class PythonEnvError(Exception):
@@ -32,9 +35,37 @@ def runtime_name(project: dict) -> str:
     return runtime.get("name", "") if isinstance(runtime, dict) else str(runtime or "")
 
 
-def requirements_key(requirements: bytes, python_version: str) -> str:
-    """Changes when the requirements or the interpreter change, nothing else."""
-    return hashlib.sha256(python_version.encode() + b"\0" + requirements).hexdigest()[:16]
+def requirements_key(requirements: bytes, python_version: str, local_trees: bytes = b"") -> str:
+    """Changes when the requirements, the local directories they name or the interpreter change."""
+    return hashlib.sha256(python_version.encode() + b"\0" + requirements + b"\0" + local_trees).hexdigest()[:16]
+
+
+def local_requirement_dirs(requirements: str, project_dir: Path) -> list[Path]:
+    """The directories a requirements file installs from (`../lib`, `-e ./x`, `file:...`)."""
+    found = []
+    for line in requirements.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if entry.startswith(("-e ", "--editable ")):
+            entry = entry.split(None, 1)[1].strip()
+        if entry.startswith("file:"):
+            entry = unquote(urlparse(entry).path)
+        if entry.startswith((".", "/")):
+            path = (project_dir / entry).resolve()
+            if path.is_dir():
+                found.append(path)
+    return found
+
+
+def tree_digest(root: Path) -> bytes:
+    """The content of a source tree (paths and bytes), without VCS data, caches and virtualenvs."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in relative.parts):
+            continue
+        if path.is_file() and not path.is_symlink():
+            digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.digest()
 
 
 def planned_virtualenv(project_dir: Path, venvs_root: Path, python_version: str) -> Path | None:
@@ -45,7 +76,9 @@ def planned_virtualenv(project_dir: Path, venvs_root: Path, python_version: str)
     requirements = project_dir / "requirements.txt"
     if not requirements.exists():
         return None
-    return venvs_root / requirements_key(requirements.read_bytes(), python_version)
+    text = requirements.read_bytes()
+    local = b"".join(tree_digest(d) for d in local_requirement_dirs(text.decode(errors="replace"), project_dir))
+    return venvs_root / requirements_key(text, python_version, local)
 
 
 def use_virtualenv(project_file_path: Path, venv: Path) -> None:

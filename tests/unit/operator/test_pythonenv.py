@@ -5,8 +5,8 @@ import sys
 import pytest
 import yaml
 
-from strata_operator.pythonenv import (PythonEnvError, ensure_virtualenv, planned_virtualenv, requirements_key,
-                                       use_virtualenv)
+from strata_operator.pythonenv import (PythonEnvError, ensure_virtualenv, local_requirement_dirs, planned_virtualenv,
+                                       requirements_key, use_virtualenv)
 
 
 def _project(path, runtime, requirements: str | None = "# nothing to install\n"):
@@ -59,3 +59,24 @@ def test_failed_install_names_requirements_and_leaves_nothing_half_built(tmp_pat
     assert "surely-not-a-real-package-strata" in str(error.value)
     planned = planned_virtualenv(project, tmp_path / "venvs", sys.version)
     assert not (planned / ".strata-complete").exists()
+
+
+def test_a_local_directory_requirement_is_part_of_the_key(tmp_path):
+    repo = tmp_path / "repo"
+    library = repo / "lib"
+    library.mkdir(parents=True)
+    (library / "pyproject.toml").write_text("[project]\nname = 'lib'\n")
+    project = _project(repo / "programs" / "platform", "python", "pulumi==3.259.0\n../../lib  # the library\n")
+    first = planned_virtualenv(project, tmp_path / "venvs", "3.11")
+    (library / "__pycache__").mkdir()
+    (library / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    assert planned_virtualenv(project, tmp_path / "venvs", "3.11") == first  # caches do not count
+    (library / "mod.py").write_text("VALUE = 2\n")
+    assert planned_virtualenv(project, tmp_path / "venvs", "3.11") != first  # a new commit of the library does
+
+
+def test_local_requirement_forms(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    text = f"./a\n-e ./b\nfile://{tmp_path / 'c'}\nrequests==2.0\n./missing\n# ./a\n"
+    assert local_requirement_dirs(text, tmp_path) == [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
