@@ -34,6 +34,10 @@ RESULT_PREFIX = "STRATA-RESULT "
 DEFAULT_CONCURRENCY = min(10, 2 * (os.cpu_count() or 1))
 DEFAULT_TIMEOUT_SECONDS = 3600.0
 CANCEL_GRACE_SECONDS = 30.0
+# Passed through to updates from the operator's environment: how this host reaches the network.
+NETWORK_SETTINGS = frozenset({
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_CERT", "PIP_FIND_LINKS"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,20 +188,25 @@ class AutomationEngine:
         return self.settings.state_dir / "stacks" / stack_key / "pulumi-home"
 
     def worker_env(self, request: UpdateRequest) -> dict[str, str]:
-        """Only the Stack's own variables plus what the CLI needs to start: nothing of the operator's."""
+        """Only the Stack's own variables, what the CLI needs to start and how this host reaches the
+        network (proxies, CA bundles, package indexes): no credential of the operator's."""
         home = self.settings.state_dir / "stacks" / request.stack_key / "home"
         home.mkdir(parents=True, exist_ok=True)
-        env = {
+        env = {name: value for name, value in os.environ.items() if name.upper() in NETWORK_SETTINGS}
+        env.update({
             "PATH": self._path,
             "HOME": str(home),
             "PULUMI_HOME": str(self.pulumi_home(request.stack_key)),
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_SKIP_CONFIRMATIONS": "true",
             "LANG": "C.UTF-8",
-            "PYTHONPATH": _package_root(),
             "PYTHONUNBUFFERED": "1",
-        }
+        })
         env.update(request.env)
+        backend = env.get("PULUMI_BACKEND_URL", "")
+        if backend.startswith("file://~"):
+            # `~` is the operator's home, as it is for PKO; HOME above is the Stack's own directory.
+            env["PULUMI_BACKEND_URL"] = "file://" + os.path.expanduser(backend[len("file://"):])
         return env
 
     async def _start_forkserver(self) -> None:
