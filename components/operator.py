@@ -217,8 +217,7 @@ class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
         from strata_components.local.processes import HostProcess
 
         path = write_private(_kubeconfig_path(props), props["kubeconfig"])
-        process = HostProcess(props["name"], list(props["command"]), env={**props["env"], "KUBECONFIG": str(path)},
-                              inherit_env=False)
+        process = HostProcess(props["name"], list(props["command"]), env={**props["env"], "KUBECONFIG": str(path)})
         health_url = props.get("health_url")
         _platform(props).start_controller(process, ready=(lambda: http_ok(health_url)) if health_url else None)
         return props

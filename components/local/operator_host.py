@@ -3,7 +3,7 @@
 Its CRDs and RBAC are server-side applied as the Operator component renders them, and its only
 credential is a TokenRequest token of the ServiceAccount that RBAC binds: a missing rule shows up
 as a failure, never hidden behind an admin kubeconfig. It gets a clean environment (see
-HostProcess.inherit_env) and the toolchain's pulumi CLI and YAML host.
+processes.BASE_ENV) and the toolchain's pulumi CLI and YAML host.
 """
 
 from __future__ import annotations
@@ -93,6 +93,6 @@ def operator_host(platform: LocalPlatform, toolchain: Toolchain, state_dir: Path
               for arg in ("--plugin-dir", str(directory))],
             "--state-dir", str(state_dir / "state"),
             "--metrics-port", str(metrics_port), "--health-port", str(health_port), *extra_args]
-    process = processes.HostProcess(PROCESS_NAME, argv, env={"KUBECONFIG": str(kubeconfig)}, inherit_env=False)
+    process = processes.HostProcess(PROCESS_NAME, argv, env={"KUBECONFIG": str(kubeconfig)})
     return OperatorHost(platform, process, health_url=f"http://127.0.0.1:{health_port}/healthz",
                         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", state_dir=state_dir / "state")

@@ -24,12 +24,11 @@ class HostProcess:
     argv: list[str]
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     cwd: Path | None = None
-    inherit_env: bool = True
-    """False: only `env` plus BASE_ENV, so a controller holding its own identity (the operator with its
-    ServiceAccount token) does not also get the caller's passphrases and cloud credentials."""
 
 
-BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+# All a host process inherits besides its own `env`: the platform is often started from a `pulumi up`
+# whose environment holds passphrases and cloud credentials, and no controller needs them.
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
 
 
 def _pid_file(run_dir: Path, name: str) -> Path:
@@ -66,8 +65,7 @@ def start(process: HostProcess, run_dir: Path, log_dir: Path) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     log = open(log_dir / f"{process.name}.log", "ab")
-    inherited = os.environ if process.inherit_env else {k: v for k, v in os.environ.items() if k in BASE_ENV}
-    env = {**inherited, **process.env}
+    env = {**{k: v for k, v in os.environ.items() if k in BASE_ENV}, **process.env}
     try:
         child = subprocess.Popen(process.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                  env=env, cwd=process.cwd, start_new_session=True)
