@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 from collections.abc import Sequence
@@ -40,6 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class ObjectPrefixFormatter(logging.Formatter):
+    """Prefix Kopf's per-object records with [namespace/name], as `kopf run` does."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict) and ref.get("name"):
+            record = copy.copy(record)
+            where = f"{ref['namespace']}/{ref['name']}" if ref.get("namespace") else ref["name"]
+            record.msg = f"[{where}] {record.msg}"
+        return super().format(record)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (without the program name) and run the operator until interrupted."""
     import kopf
@@ -55,8 +68,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.kubeconfig:
         # Kopf's own login reads KUBECONFIG too; keep one source of truth.
         os.environ["KUBECONFIG"] = args.kubeconfig
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = logging.StreamHandler()
+    console.setFormatter(ObjectPrefixFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[console])
     settings = OperatorSettings(
         engine=EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
                               timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir)),
