@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import dataclasses
+import functools
 from typing import Any
 
 import kubernetes
@@ -15,6 +17,9 @@ from . import GROUP, VERSION
 
 FLUX_GROUP = "source.toolkit.fluxcd.io"
 FLUX_PLURALS = {"GitRepository": "gitrepositories", "OCIRepository": "ocirepositories", "Bucket": "buckets"}
+LEASES = ("coordination.k8s.io", "v1", "leases")
+# Leader election must not wait on a hung connection longer than it may go without renewing.
+LEASE_REQUEST_TIMEOUT = (3.0, 5.0)
 
 
 def _absent(err: ApiException) -> bool:
@@ -24,6 +29,9 @@ def _absent(err: ApiException) -> bool:
 @dataclasses.dataclass
 class Kube:
     api: kubernetes.client.ApiClient
+    executor: concurrent.futures.Executor | None = None
+    """Threads for the calls (default: the loop's shared pool); leader election brings its own so
+    that renewals never queue behind Stack work."""
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None) -> "Kube":
@@ -36,7 +44,9 @@ class Kube:
         return cls(kubernetes.client.ApiClient(configuration))
 
     async def _call(self, fn, *args, **kwargs) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        if self.executor is None:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
 
     async def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict | None:
         try:
@@ -68,6 +78,28 @@ class Kube:
     async def annotate_stack(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object,
                          GROUP, VERSION, namespace, "stacks", name, {"metadata": {"annotations": annotations}})
+
+    async def get_lease(self, namespace: str, name: str) -> dict | None:
+        group, version, plural = LEASES
+        try:
+            return await self._call(kubernetes.client.CustomObjectsApi(self.api).get_namespaced_custom_object,
+                                    group, version, namespace, plural, name, _request_timeout=LEASE_REQUEST_TIMEOUT)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+
+    async def create_lease(self, namespace: str, body: dict) -> dict:
+        group, version, plural = LEASES
+        return await self._call(kubernetes.client.CustomObjectsApi(self.api).create_namespaced_custom_object,
+                                group, version, namespace, plural, body, _request_timeout=LEASE_REQUEST_TIMEOUT)
+
+    async def replace_lease(self, namespace: str, name: str, body: dict) -> dict:
+        """PUT with the body's resourceVersion: a concurrent writer makes this fail with 409."""
+        group, version, plural = LEASES
+        return await self._call(kubernetes.client.CustomObjectsApi(self.api).replace_namespaced_custom_object,
+                                group, version, namespace, plural, name, body,
+                                _request_timeout=LEASE_REQUEST_TIMEOUT)
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         try:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
+from .lease import DEFAULT_LEASE_NAME
 from .planning import DEFAULT_STALL_AFTER_FAILURES
 from .spec import MIN_RESYNC_SECONDS
 
@@ -37,6 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reject Env and FS refs (they read the operator's own environment and files)")
     p.add_argument("--metrics-port", type=int, default=8383, help="Prometheus metrics port (0: off)")
     p.add_argument("--health-port", type=int, default=8384, help="liveness/readiness port (0: off)")
+    p.add_argument("--no-leader-election", action="store_true",
+                   help="handle Stacks without holding the leader Lease (for a single replica or tests; two "
+                        "operators without it both run updates of the same Stacks)")
+    p.add_argument("--leader-election-lease", default=DEFAULT_LEASE_NAME, metavar="NAME",
+                   help="coordination.k8s.io Lease the operator replicas elect their one leader on "
+                        f"(default: {DEFAULT_LEASE_NAME})")
+    p.add_argument("--leader-election-namespace", default="", metavar="NAMESPACE",
+                   help="namespace of that Lease (default: the pod's own, else the kubeconfig context's, "
+                        "else strata-system)")
     p.add_argument("--verbose", "-v", action="store_true")
     return p
 
@@ -58,7 +68,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     from . import handlers  # noqa: F401 - importing registers the Kopf handlers
+    from . import leadership  # noqa: F401 - registered after handlers: its startup handler waits last
     from .handlers import OperatorSettings
+    from .leadership import ElectionSettings, check_settings
 
     args = build_parser().parse_args(argv)
     if args.concurrency < 1:
@@ -68,6 +80,11 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.kubeconfig:
         # Kopf's own login reads KUBECONFIG too; keep one source of truth.
         os.environ["KUBECONFIG"] = args.kubeconfig
+    liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
+    election = ElectionSettings(enabled=not args.no_leader_election, lease_name=args.leader_election_lease,
+                                namespace=args.leader_election_namespace, kubeconfig=args.kubeconfig,
+                                health_endpoint=liveness)
+    check_settings(election)
     console = logging.StreamHandler()
     console.setFormatter(ObjectPrefixFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[console])
@@ -79,6 +96,5 @@ def run(argv: Sequence[str] | None = None) -> int:
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
-        memo=kopf.Memo(operator_settings=settings))
+        liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election))
     return 0

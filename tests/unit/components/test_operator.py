@@ -38,8 +38,21 @@ def test_packaged_operator_rbac_is_least_privilege_rule_by_rule():
         ("", "events"): {"create", "patch"}, ("events.k8s.io", "events"): {"create", "patch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"list", "watch"},
-        ("coordination.k8s.io", "leases"): {"get", "create", "update"},
     }
+
+
+def test_leader_election_lease_is_granted_in_the_operator_namespace_only():
+    objects = build_operator_rbac("ops", "op", load_packaged_manifests("rbac"))
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert role["metadata"]["namespace"] == "ops"
+    assert _grants(role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+    assert binding["metadata"]["namespace"] == "ops"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    # Nothing cluster-wide about Leases.
+    (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    assert not any("leases" in rule["resources"] for rule in cluster_role["rules"])
 
 
 def test_operator_rbac_never_grants_wildcards_deletes_or_escalation():
@@ -94,8 +107,9 @@ def test_objects_per_mode():
     incluster = [o["kind"] for o in build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i"},
                                                            packaged)]
     local = [o["kind"] for o in build_operator_objects({"provider": None, "mode": "local"}, packaged)]
-    assert incluster == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service"]
-    assert local == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Secret"]
+    rbac = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+    assert incluster == ["Namespace", "ServiceAccount", *rbac, "Deployment", "Service"]
+    assert local == ["Namespace", "ServiceAccount", *rbac, "Secret"]
     with pytest.raises(ValueError, match="in-cluster or local"):
         build_operator_objects({"provider": None, "mode": "docker"}, packaged)
 
@@ -112,13 +126,17 @@ def test_in_cluster_operator_graph(harness):
     crds = harness.all("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
     deployment = harness.one("kubernetes:apps/v1:Deployment")
     binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+    lease_binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    lease_role = harness.one("kubernetes:rbac.authorization.k8s.io/v1:Role")
     namespace = harness.one("kubernetes:core/v1:Namespace")
     service = harness.one("kubernetes:core/v1:Service")
     assert len(crds) == 2
-    for child in [*crds, deployment, binding, namespace, service]:
+    for child in [*crds, deployment, binding, lease_role, lease_binding, namespace, service]:
         assert child.parent == component.urn
     assert {c.urn for c in crds} <= set(deployment.dependencies)
     assert binding.urn in deployment.dependencies and namespace.urn in service.dependencies
+    # The Lease grant exists before the operator starts, in a namespace that exists by then.
+    assert lease_binding.urn in deployment.dependencies and namespace.urn in lease_role.dependencies
     assert not harness.all("pulumi-python:dynamic:Resource")
 
 
@@ -148,5 +166,6 @@ def test_local_operator_runs_on_the_host_with_its_own_service_account_token(harn
     secret = harness.one("kubernetes:core/v1:Secret")
     binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
     assert secret.urn in process.dependencies and binding.urn in process.dependencies
+    assert harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding").urn in process.dependencies
     assert all(c.urn in process.dependencies
                for c in harness.all("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"))
