@@ -51,6 +51,9 @@ class OperatorArgs(TypedDict):
     """Container image (in-cluster mode, required)."""
     image_pull_policy: NotRequired[str]
     """IfNotPresent (default), Always or Never."""
+    replicas: NotRequired[int]
+    """Operator pods (in-cluster mode, default 1): one leads through a Lease and runs updates, the others
+    stand by to take over."""
     resources: NotRequired[Mapping[str, Mapping[str, str]]]
     """Container requests/limits (default 100m/256Mi requested, 1Gi memory limit)."""
     metrics_port: NotRequired[int]
@@ -124,17 +127,22 @@ def build_operator_flags(metrics_port: int = DEFAULT_METRICS_PORT, health_port: 
 def build_operator_deployment(namespace: str, service_account: str, image: str, *,
                               metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
                               resources: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-                              args: Sequence[str] = (), image_pull_policy: str = "IfNotPresent") -> dict[str, Any]:
-    """The in-cluster operator: one replica (one Kopf peer per cluster), probes on /healthz, hardened pod."""
+                              args: Sequence[str] = (), image_pull_policy: str = "IfNotPresent",
+                              replicas: int = 1) -> dict[str, Any]:
+    """The in-cluster operator: `replicas` pods of which the Lease holder alone handles Stacks (a standby
+    answers /healthz too, so probes neither restart it nor hold back a rollout), hardened pod."""
     if not image:
         raise ValueError("operator: `image` is required in in-cluster mode (e.g. ghcr.io/acme/strata-operator:0.1.0)")
+    if replicas < 1:
+        raise ValueError(f"operator: `replicas` must be at least 1, not {replicas}")
     probe = {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 10}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": PROCESS_NAME, "namespace": namespace, "labels": LABELS},
         "spec": {
-            "replicas": 1,
-            # Never two operators at once: both would run updates of the same Stacks.
+            "replicas": replicas,
+            # Leader election keeps one replica active; Recreate stops the old pods (which release
+            # the Lease) before new ones start, so a rollout hands the Lease over once.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": LABELS["app.kubernetes.io/name"]}},
             "template": {
@@ -188,7 +196,8 @@ def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str,
             build_operator_deployment(namespace, service_account, args.get("image", ""), metrics_port=metrics_port,
                                       health_port=args.get("health_port", DEFAULT_HEALTH_PORT),
                                       resources=args.get("resources"), env=args.get("env"), args=args.get("args", ()),
-                                      image_pull_policy=args.get("image_pull_policy", "IfNotPresent")),
+                                      image_pull_policy=args.get("image_pull_policy", "IfNotPresent"),
+                                      replicas=args.get("replicas", 1)),
             build_operator_metrics_service(namespace, metrics_port)]
 
 

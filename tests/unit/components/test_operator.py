@@ -102,6 +102,20 @@ def test_deployment_is_hardened_with_probes_and_ports():
         build_operator_deployment("ops", "op", "")
 
 
+def test_deployment_replicas_stand_by_behind_one_leader():
+    deployment = build_operator_deployment("ops", "op", "registry/strata:1", replicas=3)
+    assert deployment["spec"]["replicas"] == 3
+    # No flag turns leader election off: every replica takes part.
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert not [arg for arg in container["args"] if "leader-election" in arg]
+    with pytest.raises(ValueError, match="replicas"):
+        build_operator_deployment("ops", "op", "registry/strata:1", replicas=0)
+    (rendered,) = [o for o in build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i",
+                                                      "replicas": 2}, load_packaged_manifests("rbac"))
+                   if o["kind"] == "Deployment"]
+    assert rendered["spec"]["replicas"] == 2
+
+
 def test_objects_per_mode():
     packaged = load_packaged_manifests("rbac")
     incluster = [o["kind"] for o in build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i"},
