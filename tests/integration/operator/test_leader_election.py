@@ -58,7 +58,7 @@ def _health(operator: Operator) -> dict:
 
 @pytest.fixture
 def second(operator: Operator, platform, toolchain, kube_client, tmp_path) -> Iterator[Operator]:
-    """Another operator process exactly like the session's (same flags, same identity), its own state."""
+    """Another operator process like the session's (same flags and ServiceAccount), with its own state."""
     host = operator_host(platform, toolchain, tmp_path / "second", extra_args=(
         "--stall-after-failures", str(STALL_AFTER_FAILURES), "--min-resync-seconds", str(MIN_RESYNC_SECONDS),
         "--verbose"))
