@@ -20,7 +20,8 @@ from typing import Any
 
 import kopf
 
-from . import FINALIZER, GROUP, VERSION, metrics, status as st
+from . import (FINALIZER, FLUX_REQUESTED_AT_ANNOTATION, GROUP, RECONCILE_REQUEST_ANNOTATION, VERSION, metrics,
+               status as st)
 from .engine import AutomationEngine, Engine, EngineSettings, UpdateRequest, UpdateResult
 from .kube import FLUX_GROUP, Kube
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
@@ -58,15 +59,26 @@ class Watched:
     # Status fields this process wrote that the watch has not shown yet: a wakeup from another object
     # can arrive before our own patch's event, and planning on the stale status would re-run the update.
     pending: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # What of the Stack's own object the last pass planned on (see `intent`): an event that changes
+    # none of it (our own status writes) needs no pass.
+    seen: tuple[Any, ...] = ()
+
+
+def intent(body: Any) -> tuple[Any, ...]:
+    """What of a Stack object can call for a run: its spec (generation) and the reconcile requests."""
+    meta = body.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    return (meta.get("generation"), annotations.get(RECONCILE_REQUEST_ANNOTATION),
+            annotations.get(FLUX_REQUESTED_AT_ANNOTATION))
 
 
 class Registry:
     def __init__(self) -> None:
         self.stacks: dict[tuple[str, str], Watched] = {}
 
-    def wake(self, namespace: str, name: str) -> None:
+    def wake(self, namespace: str, name: str, body: Any) -> None:
         watched = self.stacks.get((namespace, name))
-        if watched is not None:
+        if watched is not None and intent(body) != watched.seen:
             watched.wakeup.set()
 
     def wake_where(self, namespace: str, predicate) -> None:
@@ -258,6 +270,7 @@ async def _wait_for_reference(session: StackSession, err: RefError) -> float:
 async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     """One pass; returns seconds until the next pass is due (None: only when something changes)."""
     session = StackSession(ctx, body, logger)
+    session.watched.seen = intent(body)
     raw_spec = body.get("spec") or {}
     try:
         spec = parse_stack_spec(dict(raw_spec), session.namespace)
@@ -425,9 +438,9 @@ async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Me
 
 
 @kopf.on.event(GROUP, VERSION, "stacks")
-def stack_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+def stack_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     registry: Registry = memo.ctx.registry
-    registry.wake(namespace, name)
+    registry.wake(namespace, name, body)
     registry.wake_where(namespace, lambda w: name in w.prerequisites)
 
 
