@@ -228,8 +228,8 @@ class AutomationEngine:
             raise EngineUnavailable(redact(f"the worker fork server did not start: {(said + rest).decode()[-800:]}"))
         self._forkserver = (asyncio.get_running_loop(), process, socket_path)
 
-    async def _connect(self) -> Worker:
-        """A fresh worker process, forked for this one operation."""
+    async def start(self) -> Path:
+        """Start the fork server unless it runs (for this event loop); returns its socket."""
         loop = asyncio.get_running_loop()
         if self._starting is None or self._starting[0] is not loop:
             self._starting = (loop, asyncio.Lock())
@@ -237,7 +237,11 @@ class AutomationEngine:
             if self._forkserver is None or self._forkserver[0] is not loop or self._forkserver[1].returncode is not None:
                 await self._start_forkserver()
             assert self._forkserver is not None
-        reader, writer = await asyncio.open_unix_connection(str(self._forkserver[2]), limit=2**24)
+            return self._forkserver[2]
+
+    async def _connect(self) -> Worker:
+        """A fresh worker process, forked for this one operation."""
+        reader, writer = await asyncio.open_unix_connection(str(await self.start()), limit=2**24)
         said = await reader.readline()
         if not said.strip().isdigit():
             raise EngineUnavailable(redact(f"a worker did not start: {(said + await reader.read()).decode()[-800:]}"))

@@ -22,7 +22,7 @@ import kopf
 
 from . import (FINALIZER, FLUX_REQUESTED_AT_ANNOTATION, GROUP, RECONCILE_REQUEST_ANNOTATION, VERSION, metrics,
                status as st)
-from .engine import AutomationEngine, Engine, EngineSettings, UpdateRequest, UpdateResult
+from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
 from .kube import FLUX_GROUP, Kube
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
                        plan_stack, prerequisites_verdict)
@@ -399,8 +399,13 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.watching.server_timeout = 270
     install_log_redaction()
     kube = Kube.from_environment(options.kubeconfig)
-    memo.ctx = Context(kube=kube, engine=AutomationEngine(options.engine), settings=options)
+    engine = AutomationEngine(options.engine)
+    memo.ctx = Context(kube=kube, engine=engine, settings=options)
     options.engine.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        await engine.start()  # so the first update does not wait for it
+    except EngineUnavailable as err:
+        logger.warning("%s; the first update will try again", err)
     if options.metrics_port:
         metrics.serve(options.metrics_port)
     logger.info("strata operator started: concurrency %d, state in %s", options.engine.concurrency,
