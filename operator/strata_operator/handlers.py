@@ -366,8 +366,9 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                                                     result.permalink, _now())
             _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
                    f"Failed to update stack: {result.message}", warning=True)
-        after = plan_stack(spec, session.generation, session.requests, fields["lastUpdate"], revision, _now(),
-                           ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
+        # Planned as the status now stands: this run answered the Flux request (lastHandledReconcileAt).
+        after = plan_stack(spec, session.generation, session.requests.answered(), fields["lastUpdate"], revision,
+                           _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
         # The run just recorded answers the plan; if planning wants another run now (e.g. the cooldown is 0)
         # come back immediately rather than writing a misleading verdict.
         await session.write(after.verdict or st.Verdict("reconciling", st.RECONCILING_PROCESSING, after.message),

@@ -37,6 +37,10 @@ class Requests:
                    flux=annotations.get(FLUX_REQUESTED_AT_ANNOTATION, ""),
                    flux_handled=(status or {}).get("lastHandledReconcileAt", ""))
 
+    def answered(self) -> "Requests":
+        """The requests once a run has answered them (it records the Flux one as lastHandledReconcileAt)."""
+        return dataclasses.replace(self, flux_handled=self.flux)
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:

@@ -65,6 +65,15 @@ def test_handled_flux_request_does_not_run_again():
     assert plan_stack(spec(), 1, r, ok(), SHA, NOW).run is None
 
 
+def test_the_run_that_answered_a_flux_request_leaves_nothing_to_do():
+    before = Requests(flux="t1", flux_handled="t0")  # as read when the run was planned
+    assert plan_stack(spec(), 1, before, ok(), SHA, NOW).run == "up"
+    after = before.answered()
+    assert after == Requests(flux="t1", flux_handled="t1")
+    plan = plan_stack(spec(), 1, after, ok(), SHA, NOW)
+    assert plan.run is None and plan.verdict.phase == "ready"
+
+
 def test_preview_stack_plans_preview():
     s = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "preview": True}, "ns")
     assert plan_stack(s, 1, Requests(), None, "p/1", NOW).run == "preview"
