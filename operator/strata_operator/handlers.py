@@ -135,10 +135,14 @@ class StackSession:
         return self.ctx.registry.stacks.setdefault((self.namespace, self.name), Watched())
 
     async def write(self, verdict: st.Verdict | None = None, **fields: Any) -> None:
-        """Patch status only when it changes, so idle Stacks cause no writes (and no wakeups)."""
-        patch: dict[str, Any] = {"observedGeneration": self.generation,
-                                 "observedReconcileRequest": self.requests.pulumi, **fields}
+        """Patch status only when it changes, so idle Stacks cause no writes (and no wakeups).
+
+        observedGeneration and observedReconcileRequest say which spec and request the conditions
+        describe, so they are written only with a verdict: kstatus takes observedGeneration ==
+        generation with no Reconciling/Stalled as "current", which other fields must not claim."""
+        patch: dict[str, Any] = dict(fields)
         if verdict is not None:
+            patch.update(observedGeneration=self.generation, observedReconcileRequest=self.requests.pulumi)
             patch["conditions"] = st.build_conditions(self.status.get("conditions"), verdict, self.generation, _now())
             failing = verdict.phase == "stalled" or verdict.reason == st.RECONCILING_RETRY
             metrics.mark_failing(self.namespace, self.name, failing)
@@ -278,9 +282,11 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         await session.stall(st.STALLED_SPEC_INVALID, str(err), st.EVENT_CONFIG_INVALID)
         return None
     ignored = not_applicable_fields(dict(raw_spec))
-    if ignored and session.status.get("ignoredFields") != ignored:
-        _event(body, st.EVENT_CONFIG_INVALID, f"accepted but not applicable to Strata's engine: {', '.join(ignored)}")
-        await session.write(ignoredFields=ignored)
+    if (session.status.get("ignoredFields") or []) != ignored:
+        if ignored:
+            _event(body, st.EVENT_CONFIG_INVALID,
+                   f"accepted but not applicable to Strata's engine: {', '.join(ignored)}")
+        await session.write(ignoredFields=ignored or None)  # None: the fields are gone, drop the list
     watched = session.watched
     watched.program = spec.program_ref.name if spec.program_ref else ""
     watched.flux = (spec.flux_source.source_ref.kind, spec.flux_source.source_ref.name) if spec.flux_source else ("", "")
