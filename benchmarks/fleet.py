@@ -12,12 +12,18 @@ children peaking at 1.25 GB, 0 runs idle.
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
 from kubernetes import client
 
-from harness import NAMESPACE, is_ready, platform_with_operator, rss_tree_mb, stash_program
+from harness import NAMESPACE, is_ready, platform_with_operator, pss_tree_mb, rss_tree_mb, stash_program
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -36,7 +42,7 @@ def main() -> None:
     with platform_with_operator(operator_args) as bench:
         bench.create_program("fleet", stash_program(args.resources))
         pid = bench.operator.pid()
-        peak = {"operator": 0.0, "children": 0.0}
+        peak = {"operator": 0.0, "children": 0.0, "children_pss": 0.0}
         sampling = threading.Event()
 
         def sample() -> None:
@@ -44,11 +50,13 @@ def main() -> None:
                 own, children = rss_tree_mb(pid)
                 peak["operator"] = max(peak["operator"], own)
                 peak["children"] = max(peak["children"], children)
+                peak["children_pss"] = max(peak["children_pss"], pss_tree_mb(pid))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         backend = bench.backend("fleet")  # one backend, N stacks: the common layout
         created: dict[str, float] = {}
+        operator_cpu_before = cpu_seconds(pid)
         started = time.monotonic()
         for index in range(args.stacks):
             name = f"s{index:03d}"
@@ -66,11 +74,13 @@ def main() -> None:
                     ready_at[name] = now
             time.sleep(0.25)
         all_ready = max(ready_at.values()) - started
+        operator_cpu = cpu_seconds(pid) - operator_cpu_before
         latencies = [ready_at[name] - created[name] for name in created]
         print(f"{args.stacks} Stacks all Ready in {all_ready:6.1f}s   (PKO v1.16: 50 in 80 s; goal <= 35 s)")
         print(f"create->Ready latency  p50 {percentile(latencies, 0.5):6.1f}s   p95 {percentile(latencies, 0.95):6.1f}s")
+        print(f"CPU of the operator process (Kopf, handlers, API calls): {operator_cpu:5.1f} s")
         print(f"peak RSS  operator {peak['operator']:7.1f} MB   children {peak['children']:7.1f} MB "
-              f"(PKO v1.16 children: 1250 MB)")
+              f"(PSS {peak['children_pss']:6.1f} MB; PKO v1.16 children: 1250 MB RSS)")
 
         snapshot = {s["metadata"]["name"]: s["status"].get("lastUpdate") for s in bench.stacks()}
         quiet_since = time.monotonic()

@@ -69,17 +69,23 @@ def is_ready(stack: dict[str, Any]) -> bool:
                for c in (stack.get("status") or {}).get("conditions") or [])
 
 
-def _rss_kb(pid: int) -> int:
+def _memory_kb(pid: int, path: str, field: str) -> int:
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        text = Path(f"/proc/{pid}/{path}").read_text()
     except OSError:
         return 0
-    return next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return next((int(line.split()[1]) for line in text.splitlines() if line.startswith(field)), 0)
 
 
 def rss_tree_mb(pid: int) -> tuple[float, float]:
     """(RSS of pid, RSS of all its descendants) in MB."""
-    return _rss_kb(pid) / 1024, sum(_rss_kb(child) for child in descendants(pid)) / 1024
+    return (_memory_kb(pid, "status", "VmRSS:") / 1024,
+            sum(_memory_kb(child, "status", "VmRSS:") for child in descendants(pid)) / 1024)
+
+
+def pss_tree_mb(pid: int) -> float:
+    """PSS of pid's descendants in MB: pages shared between forked workers counted once, not per process."""
+    return sum(_memory_kb(child, "smaps_rollup", "Pss:") for child in descendants(pid)) / 1024
 
 
 @contextlib.contextmanager
