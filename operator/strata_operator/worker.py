@@ -182,24 +182,29 @@ def _cli_outputs(command: auto.PulumiCommand, workdir: str, stack_name: str) -> 
 
 
 def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
-    """`pulumi up` of a prepared stack, in exactly one CLI run.
+    """`pulumi up` of a prepared stack, in exactly one CLI run (two with expectNoRefreshChanges).
 
     The Automation API's `Stack.up` also selects the stack and, afterwards, reads the outputs twice
     and the history once (about 1 s of every update); here outputs and the change summary come from
     the update's own event log.
     """
     name = request["stack_name"]
-    event_log = Path(workdir).parent / f".events-{os.getpid()}.jsonl"
-    args = ["up", "--yes", "--skip-preview", "--non-interactive", "--stack", name, "--event-log", str(event_log)]
-    for target in request["targets"]:
-        args += ["--target", target]
+    targets = [arg for target in request["targets"] for arg in ("--target", target)]
     if request["targets"] and request["target_dependents"]:
-        args.append("--target-dependents")
-    if request["message"]:
-        args += ["--message", request["message"]]
+        targets.append("--target-dependents")
+    message = ["--message", request["message"]] if request["message"] else []
+    refresh = []
+    if request["refresh"] and request["expect_no_refresh_changes"]:
+        # `up --refresh` cannot fail on refresh changes alone: a refresh of its own that may.
+        command.run(["refresh", "--yes", "--skip-preview", "--non-interactive", "--expect-no-changes", "--stack", name,
+                     *targets, *message], workdir, {})
+    elif request["refresh"]:
+        refresh = ["--refresh"]
+    event_log = Path(workdir).parent / f".events-{os.getpid()}.jsonl"
     try:
         # As the Automation API does: the CLI offers --event-log only with debug commands on.
-        result = command.run(args, workdir, {"PULUMI_DEBUG_COMMANDS": "true"})
+        result = command.run(["up", "--yes", "--skip-preview", "--non-interactive", "--stack", name, "--event-log",
+                              str(event_log), *refresh, *targets, *message], workdir, {"PULUMI_DEBUG_COMMANDS": "true"})
     finally:
         outputs, summary = _event_log_results(event_log)
         event_log.unlink(missing_ok=True)
@@ -284,9 +289,9 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
         return {"outcome": "succeeded", "outputs": _cli_outputs(pulumi_command, workdir, name)}
 
     create = request["create"] and operation != "destroy"
-    if operation == "up" and not request["refresh"]:
+    if operation == "up":
         return _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir))
-    return _on_stack(workspace, request, known, create, lambda: _automation_operation(workspace, request, workdir))
+    return _on_stack(workspace, request, known, create, lambda: _automation_operation(workspace, request))
 
 
 def _on_stack(workspace: auto.LocalWorkspace, request: dict[str, Any], known: KnownStack, create: bool,
@@ -305,19 +310,22 @@ def _on_stack(workspace: auto.LocalWorkspace, request: dict[str, Any], known: Kn
     return result
 
 
-def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any], workdir: str) -> dict[str, Any]:
-    """The less frequent operations (preview, refresh, destroy, up after refresh) through `auto.Stack`."""
+def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any]) -> dict[str, Any]:
+    """The less frequent operations (preview, refresh, destroy) through `auto.Stack`."""
     operation = request["operation"]
     stack = auto.Stack.select(request["stack_name"], workspace)
     targets = list(request["targets"]) or None
     message = request["message"] or None
-    if request["refresh"] and operation in ("up", "preview"):
-        stack.refresh(expect_no_changes=request["expect_no_refresh_changes"] or None, message=message)
-    if operation == "up":
-        return _up(workspace.pulumi_command, request, workdir)
     if operation == "preview":
+        # A preview never writes state: its refresh is a preview too.
+        if request["refresh"] and request["expect_no_refresh_changes"]:
+            # PULUMI_SKIP_CONFIRMATIONS (set for every update) implies --yes, which --preview-only refuses.
+            workspace.pulumi_command.run(["refresh", "--preview-only", "--expect-no-changes", "--non-interactive",
+                                          "--stack", request["stack_name"],
+                                          *[arg for target in targets or () for arg in ("--target", target)]],
+                                         workspace.work_dir, {"PULUMI_SKIP_CONFIRMATIONS": "false"})
         preview = stack.preview(target=targets, target_dependents=request["target_dependents"] or None,
-                                message=message)
+                                refresh=request["refresh"] or None, message=message)
         stdout, summary = preview.stdout, {k.value if hasattr(k, "value") else str(k): v
                                            for k, v in (preview.change_summary or {}).items()}
     elif operation == "refresh":

@@ -134,3 +134,24 @@ def test_a_second_update_changes_only_what_the_config_changed(engine, tmp_path):
     # A Stash keeps the output it was created with; the input change shows as its one update.
     assert changed.outputs["tags"] == ({}, False) and changed.outputs["said"] == ("hello", False)
     assert changed.summary.get("update") == 1 and changed.summary.get("same") == 2
+
+
+def _history(req, tmp_path) -> list[str]:
+    env = {**req.env, "PATH": f"{PULUMI.parent}:{YAML_HOST}:/usr/bin:/bin", "PULUMI_HOME": str(tmp_path / "home")}
+    done = subprocess.run([str(PULUMI), "stack", "history", "--json", "--stack", "dev"], cwd=req.project_dir,
+                          env=env, check=True, capture_output=True, text=True)
+    return [entry["kind"] for entry in json.loads(done.stdout)]
+
+
+def test_refresh_runs_with_the_update_and_a_preview_never_writes_state(engine, tmp_path):
+    req = request(tmp_path)
+    assert asyncio.run(engine.up(req)).ok
+    refreshed = UpdateRequest(**{**req.__dict__, "refresh": True})
+    assert asyncio.run(engine.up(refreshed)).ok
+    strict = UpdateRequest(**{**req.__dict__, "refresh": True, "expect_no_refresh_changes": True})
+    assert asyncio.run(engine.up(strict)).ok
+    before = _history(req, tmp_path)
+    assert before.count("refresh") == 1 and before.count("update") == 3  # newest first
+    preview = asyncio.run(engine.preview(strict))
+    assert preview.ok, preview.message
+    assert _history(req, tmp_path) == before  # neither the preview nor its refresh left a trace
