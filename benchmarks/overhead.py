@@ -18,12 +18,13 @@ import os
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from harness import PASSPHRASE, NAMESPACE, GROUP, VERSION, is_ready, platform_with_operator
-from strata_components.local.processes import wait_until
+from kubernetes import watch
 from strata_components.local.toolchain import installed
 
 PROGRAM = {
@@ -44,6 +45,18 @@ def updated(stack: dict[str, Any]) -> bool:
     last = (stack.get("status") or {}).get("lastUpdate") or {}
     return is_ready(stack) and last.get("generation") == stack["metadata"]["generation"] and \
         last.get("state") == "succeeded"
+
+
+def wait_for(bench: Any, name: str, done: Callable[[dict[str, Any]], bool], timeout: float = 120) -> None:
+    """Block until the Stack satisfies `done`, on a watch: polling would load the apiserver the bare
+    side does not share."""
+    stream = watch.Watch()
+    for event in stream.stream(bench.custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE, "stacks",
+                               field_selector=f"metadata.name={name}", timeout_seconds=int(timeout)):
+        if done(event["object"]):
+            stream.stop()
+            return
+    raise TimeoutError(f"Stack {name} not done after {timeout:.0f}s")
 
 
 def report(case: str, bare: list[float], operator: list[float], bare_label: str) -> None:
@@ -76,12 +89,12 @@ def main() -> None:
             name = f"op{index}"
             started = time.monotonic()
             bench.create_stack(name, "greeting", bench.backend(name))
-            wait_until(lambda: is_ready(bench.get_stack(name)), 120, f"Stack {name} Ready", interval=0.02)
+            wait_for(bench, name, is_ready)
             operator_new.append(time.monotonic() - started)
             started = time.monotonic()
             bench.custom.patch_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "stacks", name,
                                                         {"spec": {"config": {"greeting": f"round{index}"}}})
-            wait_until(lambda: updated(bench.get_stack(name)), 120, f"Stack {name} updated", interval=0.02)
+            wait_for(bench, name, updated)
             operator_change.append(time.monotonic() - started)
             print(f"  round {index + 1}: new stack: bare {bare_new[-1]:5.2f}s operator {operator_new[-1]:5.2f}s   "
                   f"config change: bare {bare_change[-1]:5.2f}s operator {operator_change[-1]:5.2f}s", flush=True)

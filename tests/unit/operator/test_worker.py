@@ -5,7 +5,7 @@ import json
 
 import yaml
 
-from strata_operator.worker import KnownStack, _event_log_results, _holds_secret, _write_plain_config
+from strata_operator.worker import KnownStack, _event_log_results, _holds_secret, _secrets_settings, _write_stack_file
 
 SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": '"[secret]"'}
 
@@ -13,19 +13,28 @@ SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270"
 def test_plain_config_is_namespaced_and_merged_over_the_stack_file(tmp_path):
     (tmp_path / "Pulumi.yaml").write_text("name: app\nruntime: yaml\n")
     (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump(
-        {"encryptionsalt": "v1:abc", "config": {"app:kept": "from the repo", "app:size": 1}}))
-    _write_plain_config(str(tmp_path), "org/app/dev", {"size": 3, "aws:region": "eu-west-1",
-                                                        "tags": {"team": "a", "ids": [1, 2]}})
+        {"encryptionsalt": "v1:from-init", "config": {"app:kept": "from the repo", "app:size": 1}}))
+    _write_stack_file(str(tmp_path), "org/app/dev", {"size": 3, "aws:region": "eu-west-1",
+                                                      "tags": {"team": "a", "ids": [1, 2]}},
+                      {"encryptionsalt": "v1:remembered"})
     written = yaml.safe_load((tmp_path / "Pulumi.dev.yaml").read_text())
-    assert written["encryptionsalt"] == "v1:abc"  # what `stack init` wrote survives
+    assert written["encryptionsalt"] == "v1:from-init"  # what is in the file wins
     assert written["config"] == {"app:kept": "from the repo", "app:size": 3, "aws:region": "eu-west-1",
                                  "app:tags": {"team": "a", "ids": [1, 2]}}
 
 
-def test_no_config_leaves_no_file(tmp_path):
+def test_remembered_secrets_settings_come_back_without_config(tmp_path):
     (tmp_path / "Pulumi.yaml").write_text("name: app\nruntime: yaml\n")
-    _write_plain_config(str(tmp_path), "dev", {})
+    _write_stack_file(str(tmp_path), "dev", {}, {"encryptionsalt": "v1:remembered"})
+    assert yaml.safe_load((tmp_path / "Pulumi.dev.yaml").read_text()) == {"encryptionsalt": "v1:remembered"}
+    assert _secrets_settings(str(tmp_path), "dev") == {"encryptionsalt": "v1:remembered"}
+
+
+def test_nothing_to_write_leaves_no_file(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: app\nruntime: yaml\n")
+    _write_stack_file(str(tmp_path), "dev", {}, {})
     assert not (tmp_path / "Pulumi.dev.yaml").exists()
+    assert _secrets_settings(str(tmp_path), "dev") == {}
 
 
 def _log(tmp_path, *events):
@@ -64,11 +73,11 @@ def test_secret_detection_looks_inside_values():
 def test_known_stack_record_is_per_backend_and_stack(tmp_path):
     record = tmp_path / "known.json"
     known = KnownStack(record, "file:///a", "dev")
-    assert not known.known()
-    known.remember()
-    assert known.known()
-    assert not KnownStack(record, "file:///b", "dev").known()
-    assert not KnownStack(record, "file:///a", "prod").known()
+    assert known.settings() is None
+    known.remember({"encryptionsalt": "v1:x"})
+    assert known.settings() == {"encryptionsalt": "v1:x"}
+    assert KnownStack(record, "file:///b", "dev").settings() is None
+    assert KnownStack(record, "file:///a", "prod").settings() is None
     known.forget()
-    assert not known.known()
+    assert known.settings() is None
     known.forget()  # already gone: fine
