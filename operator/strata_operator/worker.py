@@ -64,12 +64,13 @@ def _permalink(stdout: str) -> str:
     return found.group(1) if found else ""
 
 
+def _read_yaml(path: Path) -> dict[str, Any]:
+    return (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+
+
 def _project_name(workdir: str) -> str:
-    for name in ("Pulumi.yaml", "Pulumi.yml"):
-        path = Path(workdir) / name
-        if path.is_file():
-            return str((yaml.safe_load(path.read_text()) or {}).get("name", ""))
-    return ""
+    return str(_read_yaml(Path(workdir) / "Pulumi.yaml").get("name") or
+               _read_yaml(Path(workdir) / "Pulumi.yml").get("name", ""))
 
 
 def _stack_file(workdir: str, stack_name: str) -> Path:
@@ -85,7 +86,7 @@ def _write_stack_file(workdir: str, stack_name: str, config: dict[str, Any], sec
     update (measured: +0.2 s a run), so the last run's is brought back.
     """
     path = _stack_file(workdir, stack_name)
-    settings = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+    settings = _read_yaml(path)
     before = dict(settings)
     for key, value in secrets_settings.items():
         settings.setdefault(key, value)
@@ -99,8 +100,7 @@ def _write_stack_file(workdir: str, stack_name: str, config: dict[str, Any], sec
 
 def _secrets_settings(workdir: str, stack_name: str) -> dict[str, str]:
     """The stack file's secrets provider settings (salt, provider URL, encrypted key): no secret in them."""
-    path = _stack_file(workdir, stack_name)
-    settings = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
+    settings = _read_yaml(_stack_file(workdir, stack_name))
     return {key: settings[key] for key in SECRETS_SETTINGS if settings.get(key)}
 
 
