@@ -240,19 +240,33 @@ class AutomationEngine:
             return self._forkserver[2]
 
     async def _connect(self) -> Worker:
-        """A fresh worker process, forked for this one operation."""
-        reader, writer = await asyncio.open_unix_connection(str(await self.start()), limit=2**24)
-        said = await reader.readline()
-        if not said.strip().isdigit():
-            raise EngineUnavailable(redact(f"a worker did not start: {(said + await reader.read()).decode()[-800:]}"))
-        return Worker(int(said), reader, writer)
+        """A fresh worker process, forked for this one operation; a fork server found dead is replaced."""
+        for _ in range(2):
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(await self.start()), limit=2**24)
+                said = await reader.readline()
+            except OSError:
+                said = b""
+            if said.strip().isdigit():
+                return Worker(int(said), reader, writer)
+            self._discard_forkserver()
+        raise EngineUnavailable("the worker fork server does not answer, even after a restart")
+
+    def _discard_forkserver(self) -> None:
+        if self._forkserver is not None and self._forkserver[1].returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._forkserver[1].kill()
+        self._forkserver = None
 
     async def _run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         REDACTOR.add(*request.secret_config.values())
         lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
         async with lock, self._slots:
             started = time.monotonic()
-            worker = await self._connect()
+            try:
+                worker = await self._connect()
+            except EngineUnavailable as err:
+                return UpdateResult("failed", str(err), duration=time.monotonic() - started)
             self._running[request.stack_key] = worker
             payload = json.loads(request.to_json(operation))
             payload["worker_env"] = self.worker_env(request)

@@ -6,6 +6,7 @@ No test double: every outcome here is produced by the real engine on a file:// b
 import asyncio
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -155,3 +156,16 @@ def test_refresh_runs_with_the_update_and_a_preview_never_writes_state(engine, t
     preview = asyncio.run(engine.preview(strict))
     assert preview.ok, preview.message
     assert _history(req, tmp_path) == before  # neither the preview nor its refresh left a trace
+
+
+def test_a_dead_fork_server_is_replaced(engine, tmp_path):
+    req = request(tmp_path)
+
+    async def kill_server_then_update():
+        await engine.start()
+        server = engine._forkserver[1]
+        os.kill(server.pid, signal.SIGKILL)  # as the OOM killer would; not waited for: the engine finds out
+        return await engine.up(req)
+
+    result = asyncio.run(kill_server_then_update())
+    assert result.ok, result.message
