@@ -1,4 +1,4 @@
-"""Git (commit, branch) and Flux GitRepository sources, from the platform's loopback git server."""
+"""Git (commit, branch) and Flux sources (GitRepository end to end; OCIRepository and Bucket read and watched)."""
 
 from datetime import datetime, timezone
 
@@ -86,3 +86,33 @@ def test_flux_source_missing_then_created(stacks, local_platform):
     url = local_platform.git.create(f"{stacks.namespace}-later", {"Pulumi.yaml": stash_project("later", n="1")})
     _git_repository(stacks, "later", url)
     assert stacks.wait_ready("waiting", 120)["status"]["outputs"] == {"n": "1"}
+
+
+def test_oci_repository_and_bucket_sources_are_read_and_watched(stacks):
+    """The other Flux source kinds, against the real source-controller: each is read under the operator's
+    RBAC, and its failure (nothing serves OCI or S3 here) reaches the Stack when the controller reports it."""
+    sources = {
+        "OCIRepository": ("ocirepositories", {"url": "oci://127.0.0.1:9/strata/app", "insecure": True,
+                                              "interval": "1h", "ref": {"tag": "latest"}}),
+        "Bucket": ("buckets", {"provider": "generic", "bucketName": "app", "endpoint": "127.0.0.1:9",
+                               "insecure": True, "interval": "1h"}),
+    }
+    for kind, (plural, source_spec) in sources.items():
+        name = kind.lower()
+        stacks.custom.create_namespaced_custom_object(*FLUX, stacks.namespace, plural, {
+            "apiVersion": "/".join(FLUX), "kind": kind, "metadata": {"name": name}, "spec": source_spec})
+        stacks.create(name, stacks.spec(fluxSource={"sourceRef": {"apiVersion": "/".join(FLUX), "kind": kind,
+                                                                  "name": name}}))
+    for kind in sources:
+        name = kind.lower()
+
+        def reports_the_controllers_failure(obj, kind=kind, name=name):
+            stalled = next((c for c in (obj.get("status") or {}).get("conditions") or []
+                            if c["type"] == "Stalled" and c["status"] == "True"), None)
+            message = (stalled or {}).get("message", "")
+            return (stalled or {}).get("reason") == "SourceUnavailable" and f"{kind} {name!r} is not Ready" in message \
+                and "no Ready condition yet" not in message
+
+        obj = stacks.wait(name, reports_the_controllers_failure, 90, f"{kind} failure on the Stack")
+        assert stacks.runs(name) == 0
+        assert not (obj["status"].get("lastUpdate") or {}).get("lastSuccessfulCommit")
