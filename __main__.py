@@ -47,15 +47,16 @@ if platform_settings:
         # The operator runs programs/platform from git: publish this project to the platform's git server.
         repo = ProjectRepo("project-repo", repo_args)
         published = (repo.url, repo.commit)
-    spec = platform_stack_spec(platform_settings, this_stack(), teams, published)
-    # The platform stack shares this stack's backend and passphrase (it reads this stack by reference).
+    namespace = operator_config["namespace"]
+    spec = platform_stack_spec(platform_settings, this_stack(), teams, published, namespace=namespace)
+    # The platform stack shares this stack's backend and passphrase (it reads this stack by reference);
+    # it derives each team's own passphrase from it and never hands it to a team.
     passphrase = config.get_secret("statePassphrase") or (
         pulumi.Output.secret(os.environ["PULUMI_CONFIG_PASSPHRASE"]) if "PULUMI_CONFIG_PASSPHRASE" in os.environ
         else None)
     if passphrase is None:
         raise ValueError("strata:platform needs the state passphrase: set PULUMI_CONFIG_PASSPHRASE or "
                          "`pulumi config set --secret statePassphrase ...`")
-    namespace = operator_config["namespace"]
     kube = pulumi.ResourceOptions(provider=cluster.provider, depends_on=[operator])
     secret = k8s.core.v1.Secret("platform-passphrase", metadata={"name": PASSPHRASE_SECRET, "namespace": namespace},
                                 string_data={"passphrase": passphrase}, opts=kube)

@@ -113,9 +113,11 @@ def resolve_backend_url(url: str) -> str:
 
 
 def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
-                        published: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None) -> StackSpec:
+                        published: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None,
+                        namespace: str | None = None) -> StackSpec:
     """`strata:platform` -> the Stack running programs/platform (layer 1), which reads `bootstrap_stack`
-    by reference. Its git source is `repo` + `branch` when configured, else `published` (url, commit)."""
+    by reference. Its git source is `repo` + `branch` when configured, else `published` (url, commit).
+    `namespace` is the platform Stack's own, where it puts the teams' hand-off Stacks."""
     spec: StackSpec = {
         "stack": settings.get("stack", "organization/strata-platform/dev"),
         "repo_dir": settings.get("dir", "programs/platform"),
@@ -127,6 +129,8 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
             "type": "Secret", "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}},
         "destroy_on_finalize": True,
     }
+    if namespace:
+        spec["config"]["strata-platform:namespace"] = namespace
     if "repo" in settings:
         spec["project_repo"] = settings["repo"]
         spec["branch"] = settings.get("branch", "main")

@@ -1,19 +1,46 @@
-"""The hand-off between layers: bootstrap -> platform -> app team, through StackReferences only.
+"""The hand-off between layers: bootstrap -> platform -> team hand-off -> app team, through StackReferences only.
 
 Each layer reads just what it needs from the layer below; secret outputs stay secret (a
-StackReference returns them as secret Outputs) and nothing is copied by hand.
+StackReference returns them as secret Outputs) and nothing is copied by hand. The bootstrap and
+platform stacks share the operator's state passphrase; each team gets a passphrase of its own,
+derived from it, which encrypts that team's hand-off stack (its kubeconfig and namespace) and its
+app stack, and nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 
 import pulumi
 
-# The Secret (in the namespace of each Stack that needs it) holding the shared file backend's passphrase.
+# The Secret holding the state passphrase of the Stacks in its namespace: the shared one in the
+# platform's namespace, the team's own in a team's namespace.
 PASSPHRASE_SECRET = "strata-pulumi-passphrase"
 # The organization of every stack on a file:// (DIY) backend.
 DIY_ORGANIZATION = "organization"
+# Project of the per-team hand-off stacks; also the name of the Program they run (the operator names
+# a Program's project after the object).
+HANDOFF_PROJECT = "strata-team-handoff"
+
+
+def handoff_stack(team: str) -> str:
+    """Fully qualified name of a team's hand-off stack."""
+    return f"{DIY_ORGANIZATION}/{HANDOFF_PROJECT}/{team}"
+
+
+def derive_team_passphrase(passphrase: str, team: str) -> str:
+    """A team's state passphrase: HMAC-SHA256 of "team:<name>" keyed by the shared passphrase (hex).
+
+    Knowing it reveals neither the shared passphrase nor another team's."""
+    return hmac.new(passphrase.encode(), f"team:{team}".encode(), hashlib.sha256).hexdigest()
+
+
+def team_passphrase(passphrase: pulumi.Input[str], team: str) -> pulumi.Output[str]:
+    """`derive_team_passphrase` of a (secret) Output, computed inside `apply` and kept secret."""
+    return pulumi.Output.secret(pulumi.Output.from_input(passphrase).apply(
+        lambda value: derive_team_passphrase(value, team)))
 
 
 def this_stack() -> str:
@@ -33,7 +60,7 @@ class ClusterAccess:
 
 @dataclasses.dataclass(frozen=True)
 class TeamAccess:
-    """What the platform stack hands one team's layer."""
+    """What a team's hand-off stack hands that team's layer."""
 
     kubeconfig: pulumi.Output[str]
     """Kubeconfig of the team's ServiceAccount (secret)."""
@@ -48,15 +75,19 @@ def read_cluster_access(bootstrap_stack: str, opts: pulumi.ResourceOptions | Non
                          server=reference.require_output("server"))
 
 
-def _pick(outputs: dict, team: str, what: str):
-    if team not in outputs:
-        raise ValueError(f"the platform stack has no {what} for team {team!r}; teams: {sorted(outputs)}")
-    return outputs[team]
+def _decrypted(value, stack: str, name: str) -> str:
+    # The engine elides the secrets of a referenced stack that this stack's passphrase cannot decrypt
+    # (an empty object in place of the value) instead of failing: fail here, naming the stack.
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"cannot decrypt output {name!r} of stack {stack}: this stack's passphrase is not the one "
+                         f"{stack} is encrypted with (a team's hand-off stack opens with that team's passphrase only)")
+    return value
 
 
-def read_team_access(platform_stack: str, team: str, opts: pulumi.ResourceOptions | None = None) -> TeamAccess:
-    """One team's kubeconfig (kept secret) and namespace from the platform stack's per-team maps."""
-    reference = pulumi.StackReference(platform_stack, opts=opts)
-    kubeconfig = reference.require_output("teamKubeconfigs").apply(lambda m: _pick(m, team, "kubeconfig"))
-    namespace = reference.require_output("teamNamespaces").apply(lambda m: _pick(m, team, "namespace"))
-    return TeamAccess(kubeconfig=pulumi.Output.secret(kubeconfig), namespace=namespace)
+def read_team_access(team_handoff_stack: str, opts: pulumi.ResourceOptions | None = None) -> TeamAccess:
+    """The team's kubeconfig (kept secret) and namespace from its hand-off stack, which only the
+    team's passphrase (the PULUMI_CONFIG_PASSPHRASE of the reading stack) decrypts."""
+    reference = pulumi.StackReference(team_handoff_stack, opts=opts)
+    kubeconfig = reference.require_output("kubeconfig").apply(
+        lambda value: _decrypted(value, team_handoff_stack, "kubeconfig"))
+    return TeamAccess(kubeconfig=pulumi.Output.secret(kubeconfig), namespace=reference.require_output("namespace"))

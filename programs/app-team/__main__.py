@@ -1,7 +1,9 @@
 """Layer 2 (app team): the team's app in its own namespace, with a provider built from the team's
-kubeconfig (read from the platform stack by reference), so it can touch nothing else.
+kubeconfig (read by reference from the team's hand-off stack, which this stack's passphrase, the
+team's own, decrypts), so it can touch nothing else.
 
-Config: platformStack (fully qualified), team, image (default nginx:1.27), replicas (default 2).
+Config: team, handoffStack (fully qualified; default organization/strata-team-handoff/<team>),
+image (default nginx:1.27), replicas (default 2).
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from strata_components.layers import read_team_access
+from strata_components.layers import handoff_stack, read_team_access
 
 config = pulumi.Config()
 team = config.require("team")
-access = read_team_access(config.require("platformStack"), team)
+access = read_team_access(config.get("handoffStack") or handoff_stack(team))
 namespace = access.namespace
 provider = k8s.Provider("team", kubeconfig=access.kubeconfig, namespace=namespace)
 labels = {"app.kubernetes.io/name": "app", "strata.dev/team": team}

@@ -1,10 +1,14 @@
-"""Layer 1 (platform): one TeamEnvironment per team on the cluster the bootstrap stack made.
+"""Layer 1 (platform): one TeamEnvironment per team on the cluster the bootstrap stack made, and per
+team a hand-off stack that gives the team its kubeconfig under a passphrase of its own.
 
 Config (set by the bootstrap's platform Stack):
   bootstrapStack   fully qualified name of the bootstrap stack (its kubeconfig/server outputs)
   teams            JSON list of {name, readNamespaces?, repo?, branch?, dir?, stack?}
-  statePassphrase  (secret) passphrase of the shared file backend, handed to each team's Stack
-Outputs: teamKubeconfigs / teamTokens (secret maps team -> value), teamNamespaces.
+  statePassphrase  (secret) the shared state passphrase; each team's passphrase is derived from it
+  namespace        the platform Stack's namespace, where the teams' hand-off Stacks run
+  backend          state backend of the hand-off and team stacks (default: the operator's)
+Outputs: teamKubeconfigs / teamTokens / teamPassphrases (secret maps team -> value), teamNamespaces,
+teamHandoffStacks (team -> the stack its app stack references).
 """
 
 from __future__ import annotations
@@ -14,21 +18,26 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
-from strata_components.layers import PASSPHRASE_SECRET, read_cluster_access, this_stack
-from strata_components.team import TeamEnvironment, TeamEnvironmentArgs
+from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handoff_program
+from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, handoff_stack, read_cluster_access,
+                                     team_passphrase)
+from strata_components.stack import Program
+from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, team_names
 
 
-def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], platform_stack: str,
+def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str],
               backend: str | None) -> TeamEnvironmentArgs:
     args: TeamEnvironmentArgs = {"provider": provider, "team": team["name"], "server": server,
                                  "read_namespaces": team.get("readNamespaces", [])}
     if "repo" in team:
         args["source"] = {"url": team["repo"], "branch": team.get("branch", "main")}
+        # The team's own passphrase: it decrypts the team's hand-off stack and app stack, nothing else.
         passphrase = {"type": "Secret", "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}
         args["stack"] = {
             "stack": team.get("stack", f"organization/strata-app-team/{team['name']}"),
             "dir": team.get("dir", "programs/app-team"),
-            "config": {"strata-app-team:platformStack": platform_stack, "strata-app-team:team": team["name"]},
+            "config": {"strata-app-team:handoffStack": handoff_stack(team["name"]),
+                       "strata-app-team:team": team["name"]},
             "extra": {"env_refs": {"PULUMI_CONFIG_PASSPHRASE": passphrase}, "destroy_on_finalize": True},
         }
         if backend:
@@ -44,20 +53,38 @@ if isinstance(teams, str):  # Stack config values arrive as strings
     teams = json.loads(teams)
 provider = k8s.Provider("cluster", kubeconfig=cluster.kubeconfig)
 server = cluster.server
-platform_stack = this_stack()
 backend = config.get("backend")
-passphrase = config.get_secret("statePassphrase")
 
-environments = {}
+environments: dict[str, TeamEnvironment] = {}
+passphrases: dict[str, pulumi.Output[str]] = {}
+handoffs: dict[str, TeamHandoff] = {}
+if teams:
+    shared_passphrase = config.require_secret("statePassphrase")
+    platform_namespace = config.require("namespace")
+    # One Program for every hand-off stack: the operator names its project after the object.
+    program = Program("team-handoff", {"namespace": platform_namespace, "name": HANDOFF_PROJECT,
+                                       "program": build_handoff_program()},
+                      pulumi.ResourceOptions(provider=provider))
 for team in teams:
-    environment = TeamEnvironment(team["name"], team_args(team, provider, server, platform_stack, backend))
-    environments[team["name"]] = environment
-    if passphrase is not None and "repo" in team:
-        k8s.core.v1.Secret(f"{team['name']}-passphrase",
+    name = team["name"]
+    environment = TeamEnvironment(name, team_args(team, provider, server, backend))
+    environments[name] = environment
+    passphrases[name] = team_passphrase(shared_passphrase, name)
+    handoff_args: TeamHandoffArgs = {
+        "provider": provider, "team": name, "namespace": platform_namespace,
+        "team_namespace": team_names(name)["namespace"], "kubeconfig": environment.kubeconfig,
+        "passphrase": passphrases[name], "program": program}
+    if backend:
+        handoff_args["backend"] = backend
+    handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args, pulumi.ResourceOptions(depends_on=[environment]))
+    if "repo" in team:
+        k8s.core.v1.Secret(f"{name}-passphrase",
                            metadata={"name": PASSPHRASE_SECRET, "namespace": environment.namespace},
-                           string_data={"passphrase": passphrase},
+                           string_data={"passphrase": passphrases[name]},
                            opts=pulumi.ResourceOptions(provider=provider, parent=environment))
 
 pulumi.export("teamKubeconfigs", pulumi.Output.secret({name: env.kubeconfig for name, env in environments.items()}))
 pulumi.export("teamTokens", pulumi.Output.secret({name: env.token for name, env in environments.items()}))
+pulumi.export("teamPassphrases", pulumi.Output.secret(passphrases))
 pulumi.export("teamNamespaces", {name: env.namespace for name, env in environments.items()})
+pulumi.export("teamHandoffStacks", {name: handoff.stack for name, handoff in handoffs.items()})

@@ -116,6 +116,21 @@ def _platform_stack_resources(backend: Path) -> list[str]:
     return []
 
 
+def _wait_ready(custom, name: str, deadline: float) -> dict:
+    """The status of Stack `name` in strata-system once Ready after a successful update."""
+    while True:
+        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", "strata-system", "stacks", name)
+        status = stack.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions", [])}
+        if conditions.get("Ready", {}).get("status") == "True":
+            break
+        assert time.monotonic() < deadline, \
+            f"Stack {name} not Ready in time: {conditions}; last update: {status.get('lastUpdate')}"
+        time.sleep(5)
+    assert status["lastUpdate"]["state"] == "succeeded"
+    return status
+
+
 def test_dev_stack_up_is_idempotent_and_destroy_leaves_nothing(dev_stack):
     env, state, backend = dev_stack
     _pulumi(env, "up", "--yes", "--stack", "dev", "--skip-preview")
@@ -135,25 +150,31 @@ def test_dev_stack_up_is_idempotent_and_destroy_leaves_nothing(dev_stack):
     custom = client.CustomObjectsApi(api)
     # The first run of the platform Stack clones this project from the platform's git server and
     # pip-installs its requirements (strata from the checkout, the Pulumi SDKs from PyPI) first.
-    deadline = time.monotonic() + 900
-    while True:
-        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", "strata-system", "stacks", "strata-platform")
-        status = stack.get("status") or {}
-        conditions = {c["type"]: c for c in status.get("conditions", [])}
-        if conditions.get("Ready", {}).get("status") == "True":
-            break
-        assert time.monotonic() < deadline, \
-            f"platform Stack not Ready in 15 min: {conditions}; last update: {status.get('lastUpdate')}"
-        time.sleep(5)
-    assert status["lastUpdate"]["state"] == "succeeded"
+    status = _wait_ready(custom, "strata-platform", time.monotonic() + 900)
     # The platform layer read the bootstrap stack by reference and made one environment per team;
-    # the team kubeconfigs stay secret even in the Stack's status.
+    # the team kubeconfigs and passphrases stay secret even in the Stack's status.
     assert status["outputs"]["teamNamespaces"] == {"alpha": "team-alpha", "beta": "team-beta"}
     assert status["outputs"]["teamKubeconfigs"] == "[secret]"
+    assert status["outputs"]["teamPassphrases"] == "[secret]"
+    assert status["outputs"]["teamHandoffStacks"] == {team: f"organization/strata-team-handoff/{team}"
+                                                      for team in ("alpha", "beta")}
     core = client.CoreV1Api(api)
     namespaces = {ns.metadata.name for ns in core.list_namespace().items}
     assert {"team-alpha", "team-beta"} <= namespaces
     assert core.read_namespaced_service_account("team-alpha", "team-alpha").metadata.name == "team-alpha"
+    # Each team's kubeconfig is handed over by a hand-off stack of its own, run by the operator in the
+    # platform's namespace under the team's passphrase (a YAML Program: no dependencies to install).
+    assert custom.get_namespaced_custom_object("pulumi.com", "v1", "strata-system", "programs",
+                                               "strata-team-handoff")["program"]["outputs"]
+    for team in ("alpha", "beta"):
+        handoff = _wait_ready(custom, f"team-{team}-handoff", time.monotonic() + 300)
+        assert handoff["outputs"] == {"kubeconfig": "[secret]", "namespace": f"team-{team}"}
+        secret = core.read_namespaced_secret(f"team-{team}-handoff", "strata-system")
+        assert set(secret.data) == {"kubeconfig", "passphrase"}
+        assert list((backend / ".pulumi" / "stacks" / "strata-team-handoff").glob(f"{team}.json*"))
+        # Teams without a program get no passphrase in their namespace; none ever gets the shared one.
+        assert "strata-pulumi-passphrase" not in {s.metadata.name for s in
+                                                  core.list_namespaced_secret(f"team-{team}").items}
     # In the shared backend, next to the bootstrap stack.
     assert "kubernetes:core/v1:Namespace" in _platform_stack_resources(backend)
 

@@ -17,6 +17,7 @@ from strata_mocks import (FLUX_BUNDLE_URL, GIT_URL, Harness, admin_kubeconfig, f
 ROOT = Path(__file__).resolve().parents[3]
 BOOTSTRAP_STACK = "organization/strata/dev"
 PLATFORM_STACK = "organization/strata-platform/dev"
+HANDOFF_ALPHA = "organization/strata-team-handoff/alpha"
 
 
 def dev_config() -> dict:
@@ -85,6 +86,8 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     assert spec["backend"] == spec["config"]["strata-platform:backend"] == \
         f"file://{Path.home()}/.local/state/strata/pulumi"
     assert spec["config"]["strata-platform:bootstrapStack"] == BOOTSTRAP_STACK
+    # The platform program puts the teams' hand-off Stacks into its own Stack's namespace.
+    assert spec["config"]["strata-platform:namespace"] == stack.inputs["metadata"]["namespace"] == "strata-system"
     assert [t["name"] for t in json.loads(spec["config"]["strata-platform:teams"])] == ["alpha", "beta"]
     assert spec["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]["secret"]["name"] == "strata-pulumi-passphrase"
     assert process.urn in stack.dependencies  # the operator is running before its first Stack exists
@@ -100,15 +103,21 @@ def test_bootstrap_rejects_an_unknown_cluster_mode():
         harness.run_program(ROOT / "__main__.py")
 
 
-def test_platform_layer_reads_the_bootstrap_stack_and_exports_secret_team_credentials():
-    harness = Harness(
+def platform_harness(**overrides) -> Harness:
+    """The platform program's config as the bootstrap's platform Stack sets it (None drops a key)."""
+    config = {"bootstrapStack": BOOTSTRAP_STACK, "backend": "file:///state", "namespace": "strata-system",
+              "teams": json.dumps([{"name": "alpha", "repo": "http://127.0.0.1:8398/alpha.git"},
+                                   {"name": "beta", "readNamespaces": ["shared"]}]),
+              "statePassphrase": "pp", **overrides}
+    return Harness(
         project="strata-platform", stack="dev",
-        config={"bootstrapStack": BOOTSTRAP_STACK, "backend": "file:///state",
-                "teams": json.dumps([{"name": "alpha", "repo": "http://127.0.0.1:8398/alpha.git"},
-                                     {"name": "beta", "readNamespaces": ["shared"]}]),
-                "statePassphrase": "pp"},
+        config={key: value for key, value in config.items() if value is not None},
         stack_outputs={BOOTSTRAP_STACK: {"kubeconfig": admin_kubeconfig(), "server": "https://127.0.0.1:6443"}},
         secret_outputs={BOOTSTRAP_STACK: ["kubeconfig"]})
+
+
+def test_platform_layer_reads_the_bootstrap_stack_and_exports_secret_team_credentials():
+    harness = platform_harness()
     out = harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
 
     reference = harness.one("pulumi:pulumi:StackReference")
@@ -116,34 +125,94 @@ def test_platform_layer_reads_the_bootstrap_stack_and_exports_secret_team_creden
     provider = harness.one("pulumi:providers:kubernetes", "cluster")
     assert secret_value(provider.inputs["kubeconfig"]) == admin_kubeconfig()
     assert reference.urn in provider.dependencies
-    assert out["teamKubeconfigs"].secret and out["teamTokens"].secret
+    assert out["teamKubeconfigs"].secret and out["teamTokens"].secret and out["teamPassphrases"].secret
     assert not out["teamNamespaces"].secret
     assert out["teamNamespaces"].value == {"alpha": "team-alpha", "beta": "team-beta"}
+    assert out["teamHandoffStacks"].value == {"alpha": HANDOFF_ALPHA, "beta": "organization/strata-team-handoff/beta"}
     alpha = yaml.safe_load(out["teamKubeconfigs"].value["alpha"])
     assert alpha["users"][0]["user"]["token"] == fake_token("team-alpha", "team-alpha")
     assert alpha["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
-    # alpha has a program: source + Stack running as the team; beta has none.
-    stack = harness.one("kubernetes:pulumi.com/v1:Stack")
-    assert stack.inputs["metadata"]["namespace"] == "team-alpha"
+    # alpha has a program: source + Stack running as the team, reading its hand-off stack; beta has none.
+    stack = next(s for s in harness.all("kubernetes:pulumi.com/v1:Stack")
+                 if s.inputs["metadata"]["namespace"] == "team-alpha")
+    assert [s.inputs["metadata"]["namespace"] for s in harness.all("kubernetes:pulumi.com/v1:Stack")].count(
+        "team-alpha") == 1
     assert stack.inputs["spec"]["serviceAccountName"] == "team-alpha"
-    assert stack.inputs["spec"]["config"] == {"strata-app-team:platformStack": PLATFORM_STACK,
+    assert stack.inputs["spec"]["config"] == {"strata-app-team:handoffStack": HANDOFF_ALPHA,
                                               "strata-app-team:team": "alpha"}
     assert stack.inputs["spec"]["backend"] == "file:///state"
+    assert stack.inputs["spec"]["envRefs"]["PULUMI_CONFIG_PASSPHRASE"] == {
+        "type": "Secret", "secret": {"name": "strata-pulumi-passphrase", "key": "passphrase"}}
     roles = {r.inputs["metadata"]["namespace"] for r in harness.all("kubernetes:rbac.authorization.k8s.io/v1:Role")}
     assert roles == {"team-alpha", "team-beta", "shared"}
     assert [s.name for s in harness.all("kubernetes:core/v1:Secret") if "passphrase" in s.name] == ["alpha-passphrase"]
+
+
+def test_platform_layer_hands_each_team_its_kubeconfig_through_a_handoff_stack_of_its_own():
+    from strata_components.layers import derive_team_passphrase
+
+    harness = platform_harness()
+    out = harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
+    kubeconfigs = out["teamKubeconfigs"].value
+
+    # One hand-off Program (its name is the project of every hand-off stack), in the platform's namespace.
+    program = harness.one("kubernetes:pulumi.com/v1:Program")
+    assert program.inputs["metadata"] == {"name": "strata-team-handoff", "namespace": "strata-system"}
+    assert program.inputs["program"]["outputs"] == {"kubeconfig": {"fn::secret": "${kubeconfig}"},
+                                                    "namespace": "${namespace}"}
+    stacks = {s.inputs["metadata"]["name"]: s for s in harness.all("kubernetes:pulumi.com/v1:Stack")}
+    secrets = {s.inputs["metadata"]["name"]: s for s in harness.all("kubernetes:core/v1:Secret")
+               if s.inputs["metadata"]["namespace"] == "strata-system"}
+    assert set(secrets) == {"team-alpha-handoff", "team-beta-handoff"}
+    passphrases = {}
+    for team in ("alpha", "beta"):
+        handoff = harness.one("strata:index:TeamHandoff", f"{team}-handoff")
+        stack, secret = stacks[f"team-{team}-handoff"], secrets[f"team-{team}-handoff"]
+        assert stack.parent == secret.parent == handoff.urn
+        assert stack.inputs["metadata"]["namespace"] == "strata-system"
+        spec = stack.inputs["spec"]
+        assert spec["stack"] == f"organization/strata-team-handoff/{team}"
+        assert spec["programRef"] == {"name": "strata-team-handoff"}
+        assert spec["config"] == {"namespace": f"team-{team}"}
+        assert spec["secretsRef"] == {"kubeconfig": {"type": "Secret", "secret": {
+            "name": f"team-{team}-handoff", "key": "kubeconfig"}}}
+        assert spec["envRefs"] == {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {
+            "name": f"team-{team}-handoff", "key": "passphrase"}}}
+        assert spec["destroyOnFinalize"] is True
+        assert spec["backend"] == "file:///state" and spec["secretsProvider"] == "passphrase"
+        assert {secret.urn, program.urn} <= set(stack.dependencies)
+        # The kubeconfig and the team passphrase reach the cluster only as secrets, in a Secret.
+        data = secret_value(secret.inputs["stringData"])
+        assert data["kubeconfig"] == kubeconfigs[team]
+        passphrases[team] = data["passphrase"]
+        assert passphrases[team] == derive_team_passphrase("pp", team)
+        assert "pp" not in json.dumps(stack.inputs) and passphrases[team] not in json.dumps(stack.inputs)
+    # Each team's passphrase is its own: not the shared one, not another team's.
+    assert len({"pp", *passphrases.values()}) == 3
+    assert out["teamPassphrases"].value == passphrases
+    # The team's namespace gets only its own passphrase, as a secret.
+    team_secret = harness.one("kubernetes:core/v1:Secret", "alpha-passphrase")
+    assert team_secret.inputs["metadata"] == {"name": "strata-pulumi-passphrase", "namespace": "team-alpha"}
+    assert secret_value(team_secret.inputs["stringData"]) == {"passphrase": passphrases["alpha"]}
+
+
+def test_platform_layer_with_teams_needs_its_namespace():
+    harness = platform_harness(namespace=None)
+    with pytest.raises(Exception, match="strata-platform:namespace"):
+        harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
 
 
 def test_app_team_layer_deploys_with_the_team_kubeconfig_only():
     team_kubeconfig = admin_kubeconfig().replace("admin-secret-token", "alpha-token")
     harness = Harness(
         project="strata-app-team", stack="alpha",
-        config={"platformStack": PLATFORM_STACK, "team": "alpha"},
-        stack_outputs={PLATFORM_STACK: {"teamKubeconfigs": {"alpha": team_kubeconfig, "beta": "other"},
-                                        "teamNamespaces": {"alpha": "team-alpha", "beta": "team-beta"}}},
-        secret_outputs={PLATFORM_STACK: ["teamKubeconfigs", "teamTokens"]})
+        config={"handoffStack": HANDOFF_ALPHA, "team": "alpha"},
+        stack_outputs={HANDOFF_ALPHA: {"kubeconfig": team_kubeconfig, "namespace": "team-alpha"}},
+        secret_outputs={HANDOFF_ALPHA: ["kubeconfig"]})
     out = harness.run_program(ROOT / "programs" / "app-team" / "__main__.py")
 
+    reference = harness.one("pulumi:pulumi:StackReference")
+    assert reference.inputs["name"] == HANDOFF_ALPHA
     provider = harness.one("pulumi:providers:kubernetes", "team")
     assert secret_value(provider.inputs["kubeconfig"]) == team_kubeconfig
     assert provider.inputs["namespace"] == "team-alpha"
@@ -155,11 +224,24 @@ def test_app_team_layer_deploys_with_the_team_kubeconfig_only():
     assert out["namespace"].value == "team-alpha"
 
 
-def test_app_team_with_an_unknown_team_fails_naming_the_teams():
+def test_app_team_reads_its_own_handoff_stack_by_default():
     harness = Harness(
-        project="strata-app-team", stack="gamma", config={"platformStack": PLATFORM_STACK, "team": "gamma"},
-        stack_outputs={PLATFORM_STACK: {"teamKubeconfigs": {"alpha": "k"}, "teamNamespaces": {"alpha": "team-alpha"}}})
-    with pytest.raises(Exception, match="no .* for team 'gamma'"):
+        project="strata-app-team", stack="beta", config={"team": "beta"},
+        stack_outputs={"organization/strata-team-handoff/beta": {"kubeconfig": admin_kubeconfig(),
+                                                                 "namespace": "team-beta"}},
+        secret_outputs={"organization/strata-team-handoff/beta": ["kubeconfig"]})
+    out = harness.run_program(ROOT / "programs" / "app-team" / "__main__.py")
+    assert harness.one("pulumi:pulumi:StackReference").inputs["name"] == "organization/strata-team-handoff/beta"
+    assert out["namespace"].value == "team-beta"
+
+
+def test_app_team_fails_naming_a_handoff_stack_its_passphrase_cannot_decrypt():
+    # The engine elides secrets it cannot decrypt: the kubeconfig arrives as an empty object.
+    harness = Harness(
+        project="strata-app-team", stack="alpha", config={"team": "alpha", "handoffStack": HANDOFF_ALPHA},
+        stack_outputs={HANDOFF_ALPHA: {"kubeconfig": {}, "namespace": "team-alpha"}},
+        secret_outputs={HANDOFF_ALPHA: ["kubeconfig"]})
+    with pytest.raises(Exception, match=f"cannot decrypt output 'kubeconfig' of stack {HANDOFF_ALPHA}"):
         harness.run_program(ROOT / "programs" / "app-team" / "__main__.py")
 
 
