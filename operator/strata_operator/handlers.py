@@ -20,8 +20,7 @@ from typing import Any
 
 import kopf
 
-from . import (FINALIZER, FLUX_REQUESTED_AT_ANNOTATION, GROUP, RECONCILE_REQUEST_ANNOTATION, VERSION, metrics,
-               status as st)
+from . import FINALIZER, GROUP, VERSION, metrics, status as st
 from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
 from .kube import FLUX_GROUP, Kube
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
@@ -67,9 +66,7 @@ class Watched:
 def intent(body: Any) -> tuple[Any, ...]:
     """What of a Stack object can call for a run: its spec (generation) and the reconcile requests."""
     meta = body.get("metadata", {})
-    annotations = meta.get("annotations") or {}
-    return (meta.get("generation"), annotations.get(RECONCILE_REQUEST_ANNOTATION),
-            annotations.get(FLUX_REQUESTED_AT_ANNOTATION))
+    return meta.get("generation"), Requests.of(meta.get("annotations"), None)
 
 
 class Registry:
