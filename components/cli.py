@@ -1,4 +1,9 @@
-"""The `strata` command: the local platform (`strata local ...`) and the operator (`strata operator run`)."""
+"""The `strata` command: the local platform (`strata local ...`), the dev stack (`strata dev ...`) and
+the operator (`strata operator run`).
+
+Every action is a subcommand with its own options, and a group's options are accepted before or
+after the action alike (`strata local --state-dir X up` and `strata local up --state-dir X`).
+"""
 
 from __future__ import annotations
 
@@ -21,66 +26,138 @@ def _platform(args: argparse.Namespace) -> LocalPlatform:
     ))
 
 
-def _local(args: argparse.Namespace) -> int:
-    if args.action == "toolchain":
-        return toolchain.main(args.rest)
-    platform = _platform(args)
-    if args.action == "up":
-        toolchain.ensure()
-        info = platform.up()
-        print(f"export KUBECONFIG={shlex.quote(str(info.kubeconfig_path))}")
-    elif args.action == "down":
-        stopped = platform.down()
-        print(f"stopped {len(stopped)} process(es)" if stopped else "nothing was running")
-    elif args.action == "status":
-        status = platform.status()
-        print(json.dumps(status, indent=1))
-        return 0 if all(status.values()) else 3
-    elif args.action == "env":
-        for key, value in platform.shell_env().items():
-            print(f"export {key}={shlex.quote(value)}")
+def _local_up(args: argparse.Namespace) -> int:
+    toolchain.ensure()
+    info = _platform(args).up()
+    print(f"export KUBECONFIG={shlex.quote(str(info.kubeconfig_path))}")
     return 0
 
 
-def _dev(args: argparse.Namespace) -> int:
-    action = devstack.up if args.action == "up" else devstack.down
-    action(args.project, args.state_dir)
+def _local_down(args: argparse.Namespace) -> int:
+    stopped = _platform(args).down()
+    print(f"stopped {len(stopped)} process(es)" if stopped else "nothing was running")
     return 0
 
 
-def _operator(args: argparse.Namespace) -> int:
+def _local_status(args: argparse.Namespace) -> int:
+    status = _platform(args).status()
+    print(json.dumps(status, indent=1))
+    return 0 if all(status.values()) else 3
+
+
+def _local_env(args: argparse.Namespace) -> int:
+    for key, value in _platform(args).shell_env().items():
+        print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def _local_toolchain(args: argparse.Namespace) -> int:
+    return toolchain.main([*args.names, *(arg for name in args.rebuild for arg in ("--rebuild", name))])
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    devstack.up(args.project, devstack.dev_home(args.home), timeout=args.timeout)
+    return 0
+
+
+def _dev_down(args: argparse.Namespace) -> int:
+    devstack.down(args.project, devstack.dev_home(args.home), force=args.force, stuck_after=args.stuck_after)
+    return 0
+
+
+def _operator_run(args: argparse.Namespace) -> int:
     from strata_operator.main import run
 
     return run(args.rest)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="strata", description=__doc__)
+def _local_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--state-dir", type=Path, default=argparse.SUPPRESS,
+                         help=f"where the platform keeps PKI, data, logs (default: {default_state_dir()})")
+    options.add_argument("--nodes", type=int, default=argparse.SUPPRESS, help="number of kwok nodes (default: 1)")
+    options.add_argument("--controllers", default=argparse.SUPPRESS,
+                         help=f"host controllers to run, comma-separated (default: {','.join(HOST_CONTROLLERS)})")
+    options.add_argument("--apiserver-port", type=int, default=argparse.SUPPRESS,
+                         help="fixed kube-apiserver port (default: a free one)")
+    return options
+
+
+def _dev_options() -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--project", type=Path, default=argparse.SUPPRESS, help="the bootstrap project (default: .)")
+    options.add_argument("--home", type=Path, default=argparse.SUPPRESS,
+                         help="where the dev stack keeps its passphrase, backend, platform and config (default: "
+                              "$STRATA_HOME, else $XDG_STATE_HOME/strata, else ~/.local/state/strata)")
+    return options
+
+
+LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "controllers": ",".join(HOST_CONTROLLERS), "apiserver_port": None}
+DEV_DEFAULTS = {"project": None, "home": None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="strata", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    local = commands.add_parser("local", help="the local platform: Kubernetes on loopback, Flux, git server")
-    local.add_argument("action", choices=["up", "down", "status", "env", "toolchain"])
-    local.add_argument("--state-dir", type=Path, default=default_state_dir(),
-                       help="where the platform keeps PKI, data, logs (default: %(default)s)")
-    local.add_argument("--nodes", type=int, default=1, help="number of kwok nodes")
-    local.add_argument("--controllers", default=",".join(HOST_CONTROLLERS),
-                       help="host controllers to run, comma-separated (default: %(default)s)")
-    local.add_argument("--apiserver-port", type=int, help="fixed kube-apiserver port (default: a free one)")
-    local.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    local.set_defaults(handler=_local)
+    local_options = _local_options()
+    local = commands.add_parser("local", parents=[local_options],
+                                help="the local platform: Kubernetes on loopback, Flux, git server")
+    local_actions = local.add_subparsers(dest="action", required=True)
+    for name, handler, help_text in (("up", _local_up, "start the platform (idempotent)"),
+                                     ("down", _local_down, "stop every process it started"),
+                                     ("status", _local_status, "which processes run"),
+                                     ("env", _local_env, "KUBECONFIG and PATH exports for a shell")):
+        local_actions.add_parser(name, parents=[local_options], help=help_text).set_defaults(handler=handler)
+    tools = local_actions.add_parser("toolchain", help="build the Go toolchain into the cache")
+    tools.add_argument("names", nargs="*", help="tools to build (default: all)")
+    tools.add_argument("--rebuild", action="append", default=[], help="rebuild this tool even if cached")
+    tools.set_defaults(handler=_local_toolchain)
 
-    dev = commands.add_parser("dev", help="the bootstrap program's dev stack (what `make up` runs)")
-    dev.add_argument("action", choices=["up", "down"])
-    dev.add_argument("--project", type=Path, default=Path.cwd(), help="the bootstrap project (default: .)")
-    dev.add_argument("--state-dir", type=Path, default=default_state_dir())
-    dev.set_defaults(handler=_dev)
+    dev_options = _dev_options()
+    dev = commands.add_parser("dev", parents=[dev_options], help="the bootstrap program's dev stack (`make up`)")
+    dev_actions = dev.add_subparsers(dest="action", required=True)
+    dev_up = dev_actions.add_parser("up", parents=[dev_options],
+                                    help="pulumi up of the dev stack, then wait until every Stack is Ready")
+    dev_up.add_argument("--timeout", type=float, default=devstack.DEFAULT_UP_TIMEOUT,
+                        help="seconds to wait for the Stacks (default: %(default)s)")
+    dev_up.set_defaults(handler=_dev_up)
+    dev_down = dev_actions.add_parser("down", parents=[dev_options],
+                                      help="destroy the dev stack and stop every local process")
+    dev_down.add_argument("--force", action="store_true",
+                          help="remove the finalizer of a Stack whose destroy cannot finish (its resources stay)")
+    dev_down.add_argument("--stuck-after", type=float, default=devstack.DEFAULT_STUCK_SECONDS,
+                          help="seconds a Stack may be destroyed without any change (default: %(default)s)")
+    dev_down.set_defaults(handler=_dev_down)
 
     operator = commands.add_parser("operator", help="the Strata operator")
-    operator.add_argument("action", choices=["run"])
-    operator.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the operator")
-    operator.set_defaults(handler=_operator)
+    operator_actions = operator.add_subparsers(dest="action", required=True)
+    # Its options are the operator's own (`strata operator run --help` shows them).
+    operator_actions.add_parser("run", help="run the operator", add_help=False).set_defaults(handler=_operator_run)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "operator":
+        args.rest = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    # Group options are shared by the group and its actions, so their defaults are filled in here.
+    defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS}.get(args.command, {})
+    for key, value in defaults.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+    if args.command == "local" and args.state_dir is None:
+        args.state_dir = default_state_dir()
+    if args.command == "dev" and args.project is None:
+        args.project = Path.cwd()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     try:
         return args.handler(args)
     except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError) as error:
