@@ -1,15 +1,42 @@
 from strata_components.local import preflight
 
 
-def test_everything_missing_is_named_with_how_to_get_it(monkeypatch, tmp_path):
+def test_everything_missing_is_named_with_the_exact_command_that_installs_it(monkeypatch, tmp_path):
     monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setattr(preflight, "plugin_hosts_reachable", lambda: False)
     missing = preflight.missing_dev_stack_requirements()
     assert len(missing) == 3
-    assert "pulumi-language-python" in missing[0]
-    assert "pulumi plugin install resource kubernetes v4.34.2" in missing[1]
-    assert "pulumi plugin install resource flux v1.0.1" in missing[2]
+    assert "pulumi-language-python" in missing[0] and "https://get.pulumi.com" in missing[0]
+    assert missing[1].endswith("pulumi plugin install resource kubernetes v4.34.2")
+    # pulumi-flux's plugin is not on Pulumi's default server: the advice names the one its package does.
+    assert missing[2].endswith("pulumi plugin install resource flux v1.0.1 --server github://api.github.com/oun")
     assert preflight.main() == 1
+
+
+def test_offline_a_missing_plugin_is_an_error_online_a_warning():
+    plugins = ["the flux provider plugin: pulumi plugin install resource flux v1.0.1 --server x"]
+    code, lines = preflight.report([], plugins, online=False)
+    assert code == 1 and "(offline)" in lines[0] and plugins[0] in lines[1]
+    code, lines = preflight.report([], plugins, online=True)
+    assert code == 0 and lines[0].startswith("warning:") and "online" in lines[0] and plugins[0] in lines[1]
+
+
+def test_a_missing_language_host_stops_make_up_even_online():
+    code, lines = preflight.report(["the Pulumi Python language host: install it"], [], online=True)
+    assert code == 1 and lines[0].startswith("error:") and "(online)" in lines[0]
+
+
+def test_a_complete_install_never_probes_the_network(monkeypatch, tmp_path):
+    bin_dir = _official_install(tmp_path)
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", str(bin_dir))
+
+    def probed():
+        raise AssertionError("the network was probed")
+
+    monkeypatch.setattr(preflight, "plugin_hosts_reachable", probed)
+    assert preflight.main() == 0
 
 
 def test_an_official_install_satisfies_the_preflight(monkeypatch, tmp_path):
