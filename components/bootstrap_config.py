@@ -139,6 +139,9 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
     else:
         raise ValueError("strata:platform.repo is required outside local cluster mode: set it to the git URL of "
                          "this repository (local mode publishes it to the platform's git server instead)")
+    # Teams with a program `dir` and no `repo` of their own run it from this project's repository.
+    spec["config"]["strata-platform:projectRepo"] = spec["project_repo"]
+    spec["config"]["strata-platform:projectBranch"] = settings.get("branch", "main")
     if "backend" in settings:
         backend = resolve_backend_url(settings["backend"])
         spec["backend"] = backend

@@ -91,3 +91,19 @@ def read_team_access(team_handoff_stack: str, opts: pulumi.ResourceOptions | Non
     kubeconfig = reference.require_output("kubeconfig").apply(
         lambda value: _decrypted(value, team_handoff_stack, "kubeconfig"))
     return TeamAccess(kubeconfig=pulumi.Output.secret(kubeconfig), namespace=reference.require_output("namespace"))
+
+
+def list_status(kubeconfig: str, namespace: str) -> str:
+    """What the API server answers this kubeconfig's identity when it lists ConfigMaps in `namespace`:
+    "200 OK", or the refusal's status and reason (e.g. "403 Forbidden"). How a layer proves its boundary."""
+    import yaml
+    from kubernetes import client, config
+
+    api = config.new_client_from_config_dict(yaml.safe_load(kubeconfig))
+    try:
+        client.CoreV1Api(api).list_namespaced_config_map(namespace, limit=1)
+        return "200 OK"
+    except client.ApiException as error:
+        return f"{error.status} {error.reason}"
+    finally:
+        api.close()

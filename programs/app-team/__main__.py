@@ -3,7 +3,8 @@ kubeconfig (read by reference from the team's hand-off stack, which this stack's
 team's own, decrypts), so it can touch nothing else.
 
 Config: team, handoffStack (fully qualified; default organization/strata-team-handoff/<team>),
-image (default nginx:1.27), replicas (default 2).
+image (default nginx:1.27), replicas (default 2), outsideNamespace (default default: where the
+`outsideAccess` output shows the API server refusing this team).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 
-from strata_components.layers import handoff_stack, read_team_access
+from strata_components.layers import handoff_stack, list_status, read_team_access
 
 config = pulumi.Config()
 team = config.require("team")
@@ -31,6 +32,11 @@ service = k8s.core.v1.Service(
     "app", metadata={"namespace": namespace, "labels": labels},
     spec={"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}, opts=opts)
 
+# The boundary, as the API server enforces it: this identity may not even list another namespace's objects.
+outside = config.get("outsideNamespace") or "default"
+# The answer holds no secret, though it is computed from the (secret) kubeconfig.
+pulumi.export("outsideAccess", pulumi.Output.unsecret(access.kubeconfig.apply(
+    lambda kubeconfig: f"list configmaps in {outside}: {list_status(kubeconfig, outside)}")))
 pulumi.export("namespace", namespace)
 pulumi.export("deployment", deployment.metadata.name)
 pulumi.export("service", service.metadata.name)

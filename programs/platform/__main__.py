@@ -3,10 +3,12 @@ team a hand-off stack that gives the team its kubeconfig under a passphrase of i
 
 Config (set by the bootstrap's platform Stack):
   bootstrapStack   fully qualified name of the bootstrap stack (its kubeconfig/server outputs)
-  teams            JSON list of {name, readNamespaces?, repo?, branch?, dir?, stack?}
+  teams            JSON list of {name, readNamespaces?, repo?, branch?, dir?, stack?}; a team with `repo`
+                   or `dir` gets an app Stack running its program under its own identity
   statePassphrase  (secret) the shared state passphrase; each team's passphrase is derived from it
   namespace        the platform Stack's namespace, where the teams' hand-off Stacks run
   backend          state backend of the hand-off and team stacks (default: the operator's)
+  projectRepo      git URL of this project (and projectBranch): where a team with only `dir` finds its program
 Outputs: teamKubeconfigs / teamTokens / teamPassphrases (secret maps team -> value), teamNamespaces,
 teamHandoffStacks (team -> the stack its app stack references).
 """
@@ -26,11 +28,18 @@ from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, team_na
 
 
 def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str],
-              backend: str | None) -> TeamEnvironmentArgs:
+              backend: str | None, project_repo: tuple[str, str] | None) -> TeamEnvironmentArgs:
+    """A team runs an app when it names a `repo`, or a `dir` of this project's repository (`project_repo`:
+    url, branch)."""
     args: TeamEnvironmentArgs = {"provider": provider, "team": team["name"], "server": server,
                                  "read_namespaces": team.get("readNamespaces", [])}
-    if "repo" in team:
-        args["source"] = {"url": team["repo"], "branch": team.get("branch", "main")}
+    source = ((team["repo"], team.get("branch", "main")) if "repo" in team
+              else project_repo if "dir" in team else None)
+    if "dir" in team and source is None:
+        raise ValueError(f"team {team['name']}: `dir` names a program in this project's repository, but the platform "
+                         "Stack has no strata-platform:projectRepo; give the team a `repo`")
+    if source is not None:
+        args["source"] = {"url": source[0], "branch": source[1]}
         # The team's own passphrase: it decrypts the team's hand-off stack and app stack, nothing else.
         passphrase = {"type": "Secret", "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}
         args["stack"] = {
@@ -54,6 +63,7 @@ if isinstance(teams, str):  # Stack config values arrive as strings
 provider = k8s.Provider("cluster", kubeconfig=cluster.kubeconfig)
 server = cluster.server
 backend = config.get("backend")
+project_repo = (config.get("projectRepo"), config.get("projectBranch") or "main") if config.get("projectRepo") else None
 
 environments: dict[str, TeamEnvironment] = {}
 passphrases: dict[str, pulumi.Output[str]] = {}
@@ -67,7 +77,8 @@ if teams:
                       pulumi.ResourceOptions(provider=provider))
 for team in teams:
     name = team["name"]
-    environment = TeamEnvironment(name, team_args(team, provider, server, backend))
+    environment_args = team_args(team, provider, server, backend, project_repo)
+    environment = TeamEnvironment(name, environment_args)
     environments[name] = environment
     passphrases[name] = team_passphrase(shared_passphrase, name)
     handoff_args: TeamHandoffArgs = {
@@ -77,7 +88,7 @@ for team in teams:
     if backend:
         handoff_args["backend"] = backend
     handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args, pulumi.ResourceOptions(depends_on=[environment]))
-    if "repo" in team:
+    if "source" in environment_args:
         k8s.core.v1.Secret(f"{name}-passphrase",
                            metadata={"name": PASSPHRASE_SECRET, "namespace": environment.namespace},
                            string_data={"passphrase": passphrases[name]},

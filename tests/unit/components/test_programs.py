@@ -202,7 +202,40 @@ def test_platform_layer_with_teams_needs_its_namespace():
         harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
 
 
-def test_app_team_layer_deploys_with_the_team_kubeconfig_only():
+@pytest.fixture
+def api_answers(monkeypatch):
+    """What the API server answers the app-team program's boundary probe, by (server, namespace)."""
+    import strata_components.layers
+
+    asked = []
+
+    def list_status(kubeconfig: str, namespace: str) -> str:
+        asked.append((yaml.safe_load(kubeconfig)["users"][0]["user"]["token"], namespace))
+        return "403 Forbidden"
+
+    monkeypatch.setattr(strata_components.layers, "list_status", list_status)
+    return asked
+
+
+def test_platform_layer_runs_a_team_dir_from_the_project_repository():
+    harness = platform_harness(teams=json.dumps([{"name": "alpha", "dir": "programs/app-team"}]),
+                               projectRepo="http://127.0.0.1:8398/strata.git", projectBranch="main")
+    harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
+    source = harness.one("kubernetes:source.toolkit.fluxcd.io/v1:GitRepository")
+    assert source.inputs["spec"]["url"] == "http://127.0.0.1:8398/strata.git"
+    assert source.inputs["spec"]["ref"] == {"branch": "main"}
+    stack = next(s for s in harness.all("kubernetes:pulumi.com/v1:Stack")
+                 if s.inputs["metadata"]["namespace"] == "team-alpha")
+    assert stack.inputs["spec"]["fluxSource"]["dir"] == "programs/app-team"
+
+
+def test_platform_layer_refuses_a_team_dir_without_any_repository():
+    harness = platform_harness(teams=json.dumps([{"name": "alpha", "dir": "programs/app-team"}]))
+    with pytest.raises(Exception, match="team alpha: `dir` names a program"):
+        harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
+
+
+def test_app_team_layer_deploys_with_the_team_kubeconfig_only(api_answers):
     team_kubeconfig = admin_kubeconfig().replace("admin-secret-token", "alpha-token")
     harness = Harness(
         project="strata-app-team", stack="alpha",
@@ -222,9 +255,13 @@ def test_app_team_layer_deploys_with_the_team_kubeconfig_only():
         assert harness.provider_urn(resource.provider) == provider.urn
         assert resource.inputs["metadata"]["namespace"] == "team-alpha"
     assert out["namespace"].value == "team-alpha"
+    # The boundary probe runs as the team (its token), and its answer is plain, not secret.
+    assert api_answers == [("alpha-token", "default")]
+    assert out["outsideAccess"].value == "list configmaps in default: 403 Forbidden"
+    assert not out["outsideAccess"].secret
 
 
-def test_app_team_reads_its_own_handoff_stack_by_default():
+def test_app_team_reads_its_own_handoff_stack_by_default(api_answers):
     harness = Harness(
         project="strata-app-team", stack="beta", config={"team": "beta"},
         stack_outputs={"organization/strata-team-handoff/beta": {"kubeconfig": admin_kubeconfig(),
@@ -235,7 +272,7 @@ def test_app_team_reads_its_own_handoff_stack_by_default():
     assert out["namespace"].value == "team-beta"
 
 
-def test_app_team_fails_naming_a_handoff_stack_its_passphrase_cannot_decrypt():
+def test_app_team_fails_naming_a_handoff_stack_its_passphrase_cannot_decrypt(api_answers):
     # The engine elides secrets it cannot decrypt: the kubeconfig arrives as an empty object.
     harness = Harness(
         project="strata-app-team", stack="alpha", config={"team": "alpha", "handoffStack": HANDOFF_ALPHA},
