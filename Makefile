@@ -21,15 +21,18 @@ $(STAMP): pyproject.toml
 toolchain: venv
 	@$(VENV)/bin/strata local toolchain
 
+# TIMEOUT=<seconds>: how long `make up` waits for every Stack to be Ready (default 1200).
 # Checks first (seconds, standard library only): without the Python language host or the provider
 # plugins the dev stack cannot run, and nobody should wait for a 25-minute build to learn that.
 up:
 	@$(PYTHON) components/local/preflight.py
 	@$(MAKE) --no-print-directory setup
-	@$(VENV)/bin/strata dev up
+	@$(VENV)/bin/strata dev up $(if $(TIMEOUT),--timeout $(TIMEOUT))
 
+# FORCE=1: a Stack whose destroy cannot finish loses its finalizer (its resources stay) instead of
+# stopping `make down`; every local process is stopped either way.
 down: venv
-	@$(VENV)/bin/strata dev down
+	@$(VENV)/bin/strata dev down $(if $(FORCE),--force)
 
 test: setup
 	@$(VPY) tests/run.py

@@ -1,82 +1,439 @@
 """`make up` / `strata dev up|down`: the bootstrap program's dev stack, offline, end to end.
 
-The stack uses Pulumi.yaml's file:// backend and passphrase secrets; the passphrase is generated
-once into a private file unless PULUMI_CONFIG_PASSPHRASE is set.
-The bootstrap program itself (its `local` Cluster) starts the local platform.
+Everything per user lives under one resolved, absolute home (`DevHome`): the passphrase file, the
+file:// backend, the platform's state and the stack's own config file. The committed
+`Pulumi.dev.yaml` is only read: the stack runs with `--config-file` pointing at a copy in the home,
+where the CLI keeps this user's `encryptionsalt`, so `make up` leaves the working tree clean and one
+user's salt never reaches another. The backend and passphrase are passed to the CLI explicitly, so
+neither depends on how the CLI expands `~`. `up` waits until every Stack the dev stack creates is
+Ready; `down` shows each Stack being destroyed and stops, naming it, when one cannot be.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import json
 import os
 import secrets
+import shutil
+import signal
 import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
 from pathlib import Path
+from typing import Any
 
-from .platform import default_state_dir
+import yaml
+
+from . import stackwatch
+from .platform import LocalPlatform, PlatformConfig
 from .preflight import find_pulumi_with_python_host, missing_dev_stack_requirements
-from .progress import Say, stderr_say
+from .progress import Say, format_seconds, stderr_say
 from .toolchain import installed
 
 STACK = "dev"
+DEFAULT_UP_TIMEOUT = 1200.0
+# How long `down` lets a Stack sit in its destroy without any change before it stops and says so.
+DEFAULT_STUCK_SECONDS = 300.0
+# ... and once its destroy failed and is being retried.
+DESTROY_RETRY_PATIENCE = 60.0
+RETRYING_AFTER_FAILURE = "RetryingAfterFailure"
+OPERATOR_NAMESPACE_DEFAULT = "strata-system"
 
 
 class DevStackError(Exception):
-    """The dev stack cannot run; the message says what is missing and how to get it."""
+    """The dev stack cannot run or did not converge; the message says what and the way out."""
 
 
-def project_backend(project: Path) -> Path:
-    """The file:// backend directory Pulumi.yaml names (created if missing: the DIY backend needs it)."""
-    import yaml
+@dataclasses.dataclass(frozen=True)
+class DevHome:
+    """Where one user's dev stack keeps everything; all paths absolute."""
 
-    url = (yaml.safe_load((project / "Pulumi.yaml").read_text()).get("backend") or {}).get("url", "")
-    if not url.startswith("file://"):
-        raise DevStackError(f"the dev stack expects a file:// backend in {project / 'Pulumi.yaml'}, found {url!r}")
-    directory = Path(url.removeprefix("file://")).expanduser()
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    base: Path
+
+    @property
+    def passphrase_file(self) -> Path:
+        return self.base / "passphrase"
+
+    @property
+    def backend_dir(self) -> Path:
+        return self.base / "pulumi"
+
+    @property
+    def backend_url(self) -> str:
+        return f"file://{self.backend_dir}"
+
+    @property
+    def platform_dir(self) -> Path:
+        return self.base / "platform"
+
+    @property
+    def stack_config(self) -> Path:
+        return self.base / f"Pulumi.{STACK}.yaml"
 
 
-def dev_environment(project: Path, state_dir: Path) -> dict[str, str]:
-    """Secrets and PATH for the dev stack's pulumi runs (the backend is Pulumi.yaml's)."""
-    project_backend(project)
-    env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
-    env.pop("PULUMI_BACKEND_URL", None)  # one backend: the one Pulumi.yaml names
-    if not env.get("PULUMI_CONFIG_PASSPHRASE"):
-        # The bootstrap hands this passphrase to the platform Stack (as a Secret), so it needs the value
-        # itself, not only a file: generated once, kept private, passed by environment, never argv.
-        passphrase = state_dir.parent / "passphrase"
-        if not passphrase.exists():
-            passphrase.parent.mkdir(parents=True, exist_ok=True)
-            passphrase.touch(mode=0o600)
-            passphrase.write_text(secrets.token_urlsafe(32))
-        env["PULUMI_CONFIG_PASSPHRASE"] = passphrase.read_text().strip()
-    # The toolchain's kubectl and Flux binaries first; the user's pulumi (with its Python host) is used by path.
+def dev_home(base: Path | str | None = None) -> DevHome:
+    """The given directory, else $STRATA_HOME, else $XDG_STATE_HOME/strata, else ~/.local/state/strata
+    ($HOME's, resolved here once: the CLI is never left to expand `~` itself)."""
+    if base is None:
+        base = os.environ.get("STRATA_HOME") or Path(
+            os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "strata"
+    return DevHome(Path(base).expanduser().absolute())
+
+
+def project_name(project: Path) -> str:
+    return str((yaml.safe_load((project / "Pulumi.yaml").read_text()) or {}).get("name", ""))
+
+
+def passphrase(home: DevHome) -> str:
+    """PULUMI_CONFIG_PASSPHRASE if set, else the home's passphrase file, generated once (mode 0600).
+
+    The bootstrap hands it to the platform Stack (as a Secret), so it needs the value itself, not
+    only a file; it travels by environment, never argv."""
+    given = os.environ.get("PULUMI_CONFIG_PASSPHRASE")
+    if given:
+        return given
+    path = home.passphrase_file
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
+def passphrase_source(home: DevHome) -> str:
+    return "$PULUMI_CONFIG_PASSPHRASE" if os.environ.get("PULUMI_CONFIG_PASSPHRASE") else str(home.passphrase_file)
+
+
+def dev_environment(home: DevHome) -> dict[str, str]:
+    """The environment of the dev stack's pulumi runs: this home's backend and passphrase, and the
+    toolchain's kubectl and Flux binaries first on PATH (the user's pulumi, with its Python host, is
+    run by path)."""
+    home.backend_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true", "PULUMI_BACKEND_URL": home.backend_url,
+           "PULUMI_CONFIG_PASSPHRASE": passphrase(home), "STRATA_STATE_DIR": str(home.platform_dir)}
     env["PATH"] = os.pathsep.join([*(str(d) for d in installed().bin_dirs), env.get("PATH", "")])
-    env["STRATA_STATE_DIR"] = str(state_dir)
     return env
 
 
-def _pulumi(project: Path, env: dict[str, str], *args: str) -> None:
-    cli = find_pulumi_with_python_host()
-    if cli is None:
-        raise DevStackError("; ".join(missing_dev_stack_requirements()))
-    result = subprocess.run([str(cli), *args], cwd=project, env=env)
-    if result.returncode != 0:
-        raise DevStackError(f"`pulumi {' '.join(args[:2])}` failed (exit {result.returncode}); its output is above")
+def checkpoint_path(home: DevHome, project: str) -> Path | None:
+    """The dev stack's checkpoint in the file:// backend, or None when the stack does not exist."""
+    stacks = home.backend_dir / ".pulumi" / "stacks" / project
+    return next((path for name in (f"{STACK}.json", f"{STACK}.json.gz") if (path := stacks / name).is_file()), None)
 
 
-def up(project: Path, state_dir: Path | None = None, say: Say = stderr_say) -> None:
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+
+
+def checkpoint_salt(path: Path) -> str | None:
+    """The passphrase salt an existing stack's state was encrypted with (DIY backends keep it there)."""
+    latest = _read_checkpoint(path).get("checkpoint", {}).get("latest") or {}
+    return ((latest.get("secrets_providers") or {}).get("state") or {}).get("salt")
+
+
+def build_stack_config(committed: dict[str, Any], home: DevHome, salt: str | None) -> dict[str, Any]:
+    """The stack config the CLI runs with: the committed one, with this home's platform directory and
+    backend in place of the committed defaults, and this user's salt."""
+    config = json.loads(json.dumps(committed.get("config") or {}))  # a deep copy of plain YAML data
+    cluster = config.get("strata:cluster") or {}
+    if cluster.get("mode", "local") == "local":
+        cluster.setdefault("local", {})["stateDir"] = str(home.platform_dir)
+        config["strata:cluster"] = cluster
+    platform = config.get("strata:platform")
+    if isinstance(platform, dict) and str(platform.get("backend", "file://")).startswith("file://"):
+        # The platform stack references this one: the same backend, whatever HOME says.
+        platform["backend"] = home.backend_url
+    settings: dict[str, Any] = {"secretsprovider": "passphrase"}
+    if salt:
+        settings["encryptionsalt"] = salt
+    settings["config"] = config
+    return settings
+
+
+def write_stack_config(project: Path, home: DevHome, salt: str | None) -> Path:
+    committed = yaml.safe_load((project / f"Pulumi.{STACK}.yaml").read_text()) or {}
+    text = (f"# Generated by `strata dev up` from {project / f'Pulumi.{STACK}.yaml'} on every run: edit that file.\n"
+            + yaml.safe_dump(build_stack_config(committed, home, salt), sort_keys=False))
+    home.stack_config.parent.mkdir(parents=True, exist_ok=True)
+    home.stack_config.write_text(text)
+    return home.stack_config
+
+
+def known_salt(home: DevHome, project: str) -> str | None:
+    """This user's salt: from the home's stack config, else from the backend's state of the stack."""
+    if home.stack_config.is_file():
+        salt = (yaml.safe_load(home.stack_config.read_text()) or {}).get("encryptionsalt")
+        if salt:
+            return salt
+    checkpoint = checkpoint_path(home, project)
+    return checkpoint_salt(checkpoint) if checkpoint else None
+
+
+def expected_stacks(stack_config: dict[str, Any]) -> list[str]:
+    """namespace/name of every Stack the dev stack's layers create: the platform Stack, each team's
+    hand-off Stack, and the app Stack of each team with a program (`dir` or `repo`)."""
+    config = stack_config.get("config") or {}
+    if not config.get("strata:platform"):
+        return []
+    namespace = (config.get("strata:operator") or {}).get("namespace", OPERATOR_NAMESPACE_DEFAULT)
+    keys = [f"{namespace}/strata-platform"]
+    for team in config.get("strata:teams") or []:
+        keys.append(f"{namespace}/team-{team['name']}-handoff")
+        if "dir" in team or "repo" in team:
+            keys.append(f"team-{team['name']}/team-{team['name']}")
+    return keys
+
+
+class PulumiRun:
+    """The user's pulumi CLI run in the project with the dev environment; output shown as it comes and
+    its tail kept, so a failure can be explained."""
+
+    def __init__(self, project: Path, home: DevHome, env: dict[str, str], cli: Path | None = None):
+        cli = cli or find_pulumi_with_python_host()
+        if cli is None:
+            raise DevStackError("; ".join(missing_dev_stack_requirements()))
+        self.cli, self.project, self.home, self.env = cli, project, home, env
+        self.process: subprocess.Popen[str] | None = None
+
+    def __call__(self, *args: str, cwd: Path | None = None, show: bool = True) -> None:
+        tail: deque[str] = deque(maxlen=60)
+        self.process = subprocess.Popen([str(self.cli), *args], cwd=cwd or self.project, env=self.env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            tail.append(line)
+            if show:
+                print(line, end="", flush=True)
+        code = self.process.wait()
+        if code != 0:
+            raise DevStackError(self.explain(args, code, "".join(tail)))
+
+    def interrupt(self) -> None:
+        """Cancel a running CLI the way Ctrl-C does (it stops cleanly, releasing the stack's lock)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+
+    def explain(self, args: tuple[str, ...], code: int, output: str) -> str:
+        command = f"pulumi {' '.join(args[:2])}"
+        if "incorrect passphrase" in output or "failed to decrypt" in output:
+            return (f"`{command}` failed: the passphrase from {passphrase_source(self.home)} does not match the "
+                    f"existing {STACK} stack in {self.home.backend_url} (it was made with another passphrase). "
+                    f"Way out: run `make down` with the old passphrase (PULUMI_CONFIG_PASSPHRASE=<old> make down), "
+                    f"or remove the stale stack with `PULUMI_BACKEND_URL={self.home.backend_url} pulumi stack rm "
+                    f"{STACK} --force --yes` (its local processes: `strata local --state-dir "
+                    f"{self.home.platform_dir} down`)")
+        return f"`{command}` failed (exit {code}); its output is above"
+
+
+def prepare(project: Path, home: DevHome, cli: Path | None = None) -> tuple[PulumiRun, dict[str, Any]]:
+    """The CLI runner and the stack config, with the stack created in the backend if it is new."""
+    run = PulumiRun(project, home, dev_environment(home), cli)
+    name = project_name(project)
+    salt = known_salt(home, name)
+    if checkpoint_path(home, name) is None:
+        # `stack init` writes the new salt beside the project file it finds: let it write into a scratch
+        # copy of Pulumi.yaml, never into the working tree.
+        with tempfile.TemporaryDirectory(prefix="strata-dev-init-") as scratch:
+            shutil.copy(project / "Pulumi.yaml", Path(scratch) / "Pulumi.yaml")
+            run("stack", "init", STACK, "--secrets-provider", "passphrase", "--non-interactive", cwd=Path(scratch),
+                show=False)
+            salt = (yaml.safe_load((Path(scratch) / f"Pulumi.{STACK}.yaml").read_text()) or {}).get("encryptionsalt")
+    write_stack_config(project, home, salt)
+    return run, yaml.safe_load(home.stack_config.read_text())
+
+
+def _describe(home: DevHome, say: Say) -> None:
+    say(f"  home:       {home.base}")
+    say(f"  backend:    {home.backend_url}")
+    say(f"  passphrase: {passphrase_source(home)}")
+    say(f"  platform:   {home.platform_dir}")
+    say(f"  config:     {home.stack_config} (from Pulumi.{STACK}.yaml)")
+
+
+def up(project: Path, home: DevHome | None = None, timeout: float = DEFAULT_UP_TIMEOUT, say: Say = stderr_say) -> None:
     missing = missing_dev_stack_requirements()
     if missing:
         raise DevStackError("the dev stack needs: " + "; ".join(missing))
-    env = dev_environment(project, state_dir or default_state_dir())
-    say(f"==> pulumi up of the {STACK} stack (backend {project_backend(project)})")
-    _pulumi(project, env, "stack", "select", STACK, "--create", "--secrets-provider", "passphrase")
-    _pulumi(project, env, "up", "--stack", STACK, "--yes", "--skip-preview")
-    _pulumi(project, env, "stack", "output", "--stack", STACK)
+    home = home or dev_home()
+    started = time.monotonic()
+    say(f"==> the {STACK} stack of {project}")
+    _describe(home, say)
+    run, stack_config = prepare(project, home)
+    say(f"==> pulumi up of the {STACK} stack")
+    run("up", "--stack", STACK, "--config-file", str(home.stack_config), "--yes", "--skip-preview",
+        "--non-interactive")
+    expected = expected_stacks(stack_config)
+    kubeconfig = home.platform_dir / "kubeconfig"
+    if expected:
+        say(f"==> waiting until every Stack is Ready (timeout {format_seconds(timeout)}): {', '.join(expected)}")
+        reader = stackwatch.StackReader(kubeconfig)
+        try:
+            verdict, states = stackwatch.watch(reader.list, stackwatch.ready_verdict, expected=expected,
+                                               timeout=timeout, say=say)
+        finally:
+            reader.close()
+        if verdict.failed:
+            failed = verdict.failed[0]
+            raise DevStackError(f"Stack {failed.key} is Stalled ({failed.reason}): {failed.message}\n"
+                                f"Fix the cause, then `make up` again; see it with `kubectl describe stack -n "
+                                f"{failed.key.replace('/', ' ')}` (KUBECONFIG={kubeconfig}).")
+        if not verdict.done:
+            waiting = [state.line().strip() for state in states.values() if state.state != "Ready"]
+            raise DevStackError(f"not every Stack was Ready after {format_seconds(timeout)}:\n  "
+                                + "\n  ".join(waiting) + "\nRaise the limit with `make up TIMEOUT=<seconds>`.")
+    say(f"==> the {STACK} stack is up in {format_seconds(time.monotonic() - started)}: "
+        f"{len(expected)} Stack(s) Ready")
+    _describe(home, say)
+    toolchain_path = os.pathsep.join(str(d) for d in installed().bin_dirs)
+    say(f"  export KUBECONFIG={kubeconfig}")
+    say(f"  export PATH={toolchain_path}:$PATH   # kubectl and flux tools of the toolchain")
+    say("  kubectl get stacks -A        # every layer's Stack")
+    say("  make down                    # destroy it all, local processes included")
 
 
-def down(project: Path, state_dir: Path | None = None, say: Say = stderr_say) -> None:
-    env = dev_environment(project, state_dir or default_state_dir())
+def down(project: Path, home: DevHome | None = None, force: bool = False,
+         stuck_after: float = DEFAULT_STUCK_SECONDS, say: Say = stderr_say) -> None:
+    """Destroy the dev stack, showing each Stack being destroyed. A Stack whose destroy fails or makes
+    no progress for `stuck_after` seconds stops it, named with its reason; with `force` its finalizer
+    is removed instead (saying what it may leave behind). Either way no local process is left."""
+    home = home or dev_home()
+    name = project_name(project)
+    platform = LocalPlatform(PlatformConfig(state_dir=home.platform_dir))
+    if checkpoint_path(home, name) is None:
+        say(f"==> no {STACK} stack in {home.backend_url}: nothing to destroy")
+        _stop_platform(platform, home, remove_state=force, say=say)
+        return
     say(f"==> pulumi destroy of the {STACK} stack")
-    _pulumi(project, env, "destroy", "--stack", STACK, "--yes", "--skip-preview")
+    _describe(home, say)
+    run, _config = prepare(project, home)
+    if not all(platform.status().values()):
+        # The operator destroys the Stacks' resources before the Stack objects go: it must be running.
+        say("==> the local platform is not running: pulumi up brings it back so its operator can destroy")
+        run("up", "--stack", STACK, "--config-file", str(home.stack_config), "--yes", "--skip-preview",
+            "--non-interactive")
+    blocked: list[stackwatch.StackState] = []
+    done = False
+    try:
+        blocked = _destroy_watching_stacks(run, home, force, stuck_after, say)
+        done = not blocked
+    except DevStackError:
+        if not force:
+            raise
+        say(f"  forced: the destroy failed; removing the {STACK} stack's state ({home.backend_url})")
+        run("stack", "rm", STACK, "--force", "--yes", "--non-interactive", show=False)
+        done = True
+    finally:
+        # Whatever happened, no process is left; the platform's state goes once nothing needs it again.
+        _stop_platform(platform, home, remove_state=done, say=say)
+    if blocked:
+        first = blocked[0]
+        raise DevStackError(
+            f"Stack {first.key} could not be destroyed ({first.reason or first.state}): {first.message}\n"
+            "Choices: fix the cause and run `make down` again, or `make down FORCE=1`, which removes its "
+            "finalizer (its resources stay where they are) and still stops every local process.")
+
+
+def _destroy_watching_stacks(run: PulumiRun, home: DevHome, force: bool, stuck_after: float,
+                             say: Say) -> list[stackwatch.StackState]:
+    """`pulumi destroy` while the Stacks it deletes are watched; returns the ones that blocked it (it
+    is interrupted then), or [] when it finished."""
+    kubeconfig = home.platform_dir / "kubeconfig"
+    reader = stackwatch.StackReader(kubeconfig) if kubeconfig.is_file() else None
+    finished = threading.Event()
+    blocked: list[stackwatch.StackState] = []
+
+    def observe() -> None:
+        """Stacks being deleted: a line per change; stop (or force) one that failed or stands still."""
+        last_change: dict[str, tuple[stackwatch.StackState, float]] = {}
+
+        def deleting() -> list[dict[str, Any]]:
+            return [s for s in reader.list() if s.get("metadata", {}).get("deletionTimestamp")]
+
+        def stuck(states: dict[str, stackwatch.StackState]) -> stackwatch.Verdict:
+            now = time.monotonic()
+            for key, state in states.items():
+                if last_change.get(key, (None,))[0] != state:
+                    last_change[key] = (state, now)
+            failed = [s for s in states.values()
+                      if s.state == "Stalled" or now - last_change[s.key][1] >= _patience(s, stuck_after)]
+            return stackwatch.Verdict(False, failed)
+
+        while not finished.is_set():
+            verdict, _states = stackwatch.watch(deleting, stuck, timeout=float("inf"), say=say,
+                                                stop=finished.is_set)
+            if finished.is_set() or not verdict.failed:
+                return
+            for state in verdict.failed:
+                if force:
+                    say(f"  forced: removing the finalizer of Stack {state.key} ({state.reason or state.state}); "
+                        f"{left_behind(reader.get(state.key))}; they stay in the cluster or cloud")
+                    reader.remove_finalizers(state.key)
+                    last_change.pop(state.key, None)
+                else:
+                    blocked.append(state)
+            if blocked:
+                run.interrupt()
+                return
+
+    watcher = threading.Thread(target=observe, daemon=True) if reader is not None else None
+    if watcher is not None:
+        watcher.start()
+    try:
+        run("destroy", "--stack", STACK, "--config-file", str(home.stack_config), "--yes", "--skip-preview",
+            "--non-interactive")
+    except DevStackError:
+        if not blocked:
+            raise
+    finally:
+        finished.set()
+        if watcher is not None:
+            watcher.join(timeout=10)
+        if reader is not None:
+            reader.close()
+    return blocked
+
+
+def _patience(state: stackwatch.StackState, stuck_after: float) -> float:
+    """How long a Stack being deleted may stand still: less once its destroy has failed (the operator
+    retries it, but a program that cannot load fails the same way every time)."""
+    return min(DESTROY_RETRY_PATIENCE, stuck_after) if state.reason == RETRYING_AFTER_FAILURE else stuck_after
+
+
+def left_behind(stack: dict[str, Any]) -> str:
+    """What a Stack whose finalizer is removed may leave: the resources its state still holds, read
+    from its file:// backend (where the dev stack's layers keep theirs), else a plain warning."""
+    spec = stack.get("spec") or {}
+    backend, name = str(spec.get("backend", "")), str(spec.get("stack", ""))
+    parts = name.split("/")
+    if backend.startswith("file://") and len(parts) == 3:
+        stacks = Path(backend.removeprefix("file://")).expanduser() / ".pulumi" / "stacks" / parts[1]
+        checkpoint = next((p for p in (stacks / f"{parts[2]}.json", stacks / f"{parts[2]}.json.gz") if p.is_file()),
+                          None)
+        if checkpoint is not None:
+            latest = _read_checkpoint(checkpoint).get("checkpoint", {}).get("latest") or {}
+            kinds: dict[str, int] = {}
+            for resource in latest.get("resources") or []:
+                kind = resource.get("type", "")
+                if not kind.startswith("pulumi:"):
+                    kinds[kind] = kinds.get(kind, 0) + 1
+            if not kinds:
+                return f"its stack {name} holds no resources"
+            return f"its stack {name} still holds " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    return f"whatever its stack {name or '(unknown)'} created in {backend or 'its backend'} stays there"
+
+
+def _stop_platform(platform: LocalPlatform, home: DevHome, remove_state: bool, say: Say) -> None:
+    """No process of the platform, the operator or its workers is left; with `remove_state` the
+    platform's directory goes too."""
+    stopped = platform.down(say=say)
+    if stopped:
+        say(f"  stopped {len(stopped)} local process(es)")
+    if remove_state and home.platform_dir.exists():
+        shutil.rmtree(home.platform_dir)
+        say(f"  removed the platform state {home.platform_dir}")

@@ -1,47 +1,130 @@
+import gzip
+import json
+
 import pytest
+import yaml
 
 from strata_components.local import devstack
 
+COMMITTED = """# committed comments stay
+secretsprovider: passphrase
+config:
+  strata:cluster:
+    mode: local
+    local: {stateDir: ~/.local/state/strata/platform, nodes: 1}
+  strata:operator: {namespace: ops}
+  strata:platform: {stack: organization/strata-platform/dev, backend: file://~/.local/state/strata/pulumi}
+  strata:teams:
+    - {name: alpha, dir: programs/app-team}
+    - {name: beta}
+"""
+
 
 @pytest.fixture
-def project(tmp_path, monkeypatch):
+def home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for name in ("STRATA_HOME", "XDG_STATE_HOME", "PULUMI_CONFIG_PASSPHRASE"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("PULUMI_BACKEND_URL", "file:///elsewhere")
-    monkeypatch.delenv("PULUMI_CONFIG_PASSPHRASE", raising=False)
     monkeypatch.setattr(devstack, "installed", lambda: type("T", (), {"bin_dirs": [tmp_path / "tc" / "bin"]})())
-    (tmp_path / "Pulumi.yaml").write_text("name: strata\nruntime: python\nbackend:\n  url: file://~/state/pulumi\n")
-    return tmp_path
+    return devstack.dev_home()
 
 
-def test_dev_stack_uses_the_projects_backend_and_a_private_generated_passphrase(project, tmp_path):
-    env = devstack.dev_environment(project, tmp_path / "home" / "strata" / "platform")
-    assert (tmp_path / "home" / "state" / "pulumi").is_dir()
-    assert "PULUMI_BACKEND_URL" not in env
-    passphrase_file = tmp_path / "home" / "strata" / "passphrase"
-    assert passphrase_file.stat().st_mode & 0o077 == 0
-    assert env["PULUMI_CONFIG_PASSPHRASE"] == passphrase_file.read_text().strip()
+@pytest.fixture
+def project(tmp_path):
+    directory = tmp_path / "project"
+    directory.mkdir()
+    (directory / "Pulumi.yaml").write_text("name: strata\nruntime: python\nbackend:\n  url: file://~/state/pulumi\n")
+    (directory / "Pulumi.dev.yaml").write_text(COMMITTED)
+    return directory
+
+
+def test_one_home_holds_passphrase_backend_platform_and_config(home, tmp_path, monkeypatch):
+    base = tmp_path / "home" / ".local" / "state" / "strata"
+    assert home.base == base and home.base.is_absolute()
+    assert (home.passphrase_file, home.backend_url, home.platform_dir, home.stack_config) == (
+        base / "passphrase", f"file://{base}/pulumi", base / "platform", base / "Pulumi.dev.yaml")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert devstack.dev_home().base == tmp_path / "xdg" / "strata"
+    monkeypatch.setenv("STRATA_HOME", str(tmp_path / "mine"))
+    assert devstack.dev_home().base == tmp_path / "mine"
+    assert devstack.dev_home(tmp_path / "given").base == tmp_path / "given"
+
+
+def test_the_cli_gets_the_homes_absolute_backend_and_a_private_generated_passphrase(home, tmp_path):
+    env = devstack.dev_environment(home)
+    # Never `~`: the CLI expands that from the account's home, which need not be $HOME.
+    assert env["PULUMI_BACKEND_URL"] == home.backend_url and "~" not in env["PULUMI_BACKEND_URL"]
+    assert home.backend_dir.is_dir()
+    assert home.passphrase_file.stat().st_mode & 0o077 == 0
+    assert env["PULUMI_CONFIG_PASSPHRASE"] == home.passphrase_file.read_text().strip()
     assert len(env["PULUMI_CONFIG_PASSPHRASE"]) >= 32
-    again = devstack.dev_environment(project, tmp_path / "home" / "strata" / "platform")
-    assert again["PULUMI_CONFIG_PASSPHRASE"] == env["PULUMI_CONFIG_PASSPHRASE"]
+    assert devstack.dev_environment(home)["PULUMI_CONFIG_PASSPHRASE"] == env["PULUMI_CONFIG_PASSPHRASE"]
     assert env["PATH"].startswith(str(tmp_path / "tc" / "bin"))
 
 
-def test_a_given_passphrase_wins_and_nothing_is_generated(project, tmp_path, monkeypatch):
+def test_a_given_passphrase_wins_and_nothing_is_generated(home, monkeypatch):
     monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "mine")
-    env = devstack.dev_environment(project, tmp_path / "home" / "strata" / "platform")
-    assert env["PULUMI_CONFIG_PASSPHRASE"] == "mine"
-    assert not (tmp_path / "home" / "strata" / "passphrase").exists()
+    assert devstack.dev_environment(home)["PULUMI_CONFIG_PASSPHRASE"] == "mine"
+    assert not home.passphrase_file.exists()
+    assert devstack.passphrase_source(home) == "$PULUMI_CONFIG_PASSPHRASE"
 
 
-def test_a_non_file_backend_is_refused_by_name(project):
-    (project / "Pulumi.yaml").write_text("name: strata\nruntime: python\nbackend:\n  url: s3://bucket\n")
-    with pytest.raises(devstack.DevStackError, match="expects a file:// backend"):
-        devstack.project_backend(project)
+def test_the_stack_config_is_the_committed_one_with_this_homes_paths_and_salt(home, project):
+    path = devstack.write_stack_config(project, home, "v1:salt")
+    written = yaml.safe_load(path.read_text())
+    assert written["encryptionsalt"] == "v1:salt" and written["secretsprovider"] == "passphrase"
+    assert written["config"]["strata:cluster"]["local"] == {"stateDir": str(home.platform_dir), "nodes": 1}
+    assert written["config"]["strata:platform"]["backend"] == home.backend_url
+    assert written["config"]["strata:teams"] == yaml.safe_load(COMMITTED)["config"]["strata:teams"]
+    assert path.read_text().startswith("# Generated by `strata dev up`")
+    assert (project / "Pulumi.dev.yaml").read_text() == COMMITTED  # the tracked file is only read
+    assert devstack.known_salt(home, "strata") == "v1:salt"
 
 
-def test_up_stops_at_once_naming_what_is_missing(project, monkeypatch, tmp_path):
+def test_a_lost_salt_comes_back_from_the_stacks_state(home):
+    stacks = home.backend_dir / ".pulumi" / "stacks" / "strata"
+    stacks.mkdir(parents=True)
+    checkpoint = {"checkpoint": {"latest": {"secrets_providers": {"type": "passphrase",
+                                                                  "state": {"salt": "v1:from-state"}}}}}
+    (stacks / "dev.json.gz").write_bytes(gzip.compress(json.dumps(checkpoint).encode()))
+    assert devstack.checkpoint_path(home, "strata") == stacks / "dev.json.gz"
+    assert devstack.known_salt(home, "strata") == "v1:from-state"
+    assert devstack.checkpoint_path(home, "other") is None
+
+
+def test_expected_stacks_are_the_platform_each_hand_off_and_each_app():
+    config = yaml.safe_load(COMMITTED)
+    assert devstack.expected_stacks(config) == ["ops/strata-platform", "ops/team-alpha-handoff",
+                                                "team-alpha/team-alpha", "ops/team-beta-handoff"]
+    assert devstack.expected_stacks({"config": {}}) == []
+
+
+def test_a_passphrase_that_does_not_match_the_stack_is_named_with_the_way_out(home, project, tmp_path):
+    run = devstack.PulumiRun(project, home, {}, cli=tmp_path / "pulumi")
+    message = run.explain(("up", "--stack"), 255, "error: getting secrets manager: incorrect passphrase\n")
+    assert str(home.passphrase_file) in message and home.backend_url in message and "dev stack" in message
+    assert "PULUMI_CONFIG_PASSPHRASE=<old> make down" in message and "pulumi stack rm dev" in message
+    assert run.explain(("up",), 1, "error: boom") == "`pulumi up` failed (exit 1); its output is above"
+
+
+def test_up_stops_at_once_naming_what_is_missing(home, project, monkeypatch, tmp_path):
     monkeypatch.setenv("PULUMI_HOME", str(tmp_path / "empty"))
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(devstack.DevStackError) as error:
-        devstack.up(project, tmp_path / "state")
+        devstack.up(project, home)
     assert "pulumi-language-python" in str(error.value) and "pulumi plugin install resource flux" in str(error.value)
+    assert not home.base.exists()  # nothing was started or written
+
+
+def test_left_behind_lists_what_the_stacks_state_still_holds(tmp_path):
+    stacks = tmp_path / "backend" / ".pulumi" / "stacks" / "strata-platform"
+    stacks.mkdir(parents=True)
+    resources = [{"type": "pulumi:pulumi:Stack"}, {"type": "kubernetes:core/v1:Namespace"},
+                 {"type": "kubernetes:core/v1:Namespace"}, {"type": "pulumi:providers:kubernetes"}]
+    (stacks / "dev.json").write_text(json.dumps({"checkpoint": {"latest": {"resources": resources}}}))
+    stack = {"spec": {"stack": "organization/strata-platform/dev", "backend": f"file://{tmp_path / 'backend'}"}}
+    assert devstack.left_behind(stack) == ("its stack organization/strata-platform/dev still holds "
+                                           "2 kubernetes:core/v1:Namespace")
+    elsewhere = {"spec": {"stack": "org/app/prod", "backend": "s3://bucket"}}
+    assert "s3://bucket" in devstack.left_behind(elsewhere)

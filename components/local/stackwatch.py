@@ -1,0 +1,160 @@
+"""Watch the dev stack's Stacks until they are all Ready (`make up`) or gone (`make down`).
+
+The pure part reads a Stack object into a `StackState` and compares two snapshots, so each change
+is one progress line and the verdict (done, failed, still waiting) is a function of what was seen;
+`watch` polls the API server and prints those lines. A Stack's own kstatus conditions decide:
+Ready=True is done, Stalled=True is a failure that needs a person, anything else is progress.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from .progress import Say, format_seconds, stderr_say
+
+POLL_SECONDS = 2.0
+STACKS = ("pulumi.com", "v1", "stacks")
+# A Stack whose destroy failed (its finalizer is kept): a person must decide.
+DESTROY_BLOCKED = "DestroyBlocked"
+
+State = Literal["Missing", "Pending", "Reconciling", "Ready", "Stalled", "Deleting"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StackState:
+    """What one Stack shows: its state, the reason and message of the condition that says so."""
+
+    key: str  # namespace/name
+    state: State
+    reason: str = ""
+    message: str = ""
+
+    def line(self) -> str:
+        detail = f" ({self.reason})" if self.reason else ""
+        text = f"  {self.key}: {self.state}{detail}"
+        if self.message and self.state in ("Stalled", "Reconciling", "Deleting"):
+            text += f": {_shorten(self.message)}"
+        return text
+
+
+def _shorten(message: str, limit: int = 240) -> str:
+    flat = " ".join(message.split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def stack_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata", {})
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def stack_state(obj: Mapping[str, Any]) -> StackState:
+    """The state a Stack object shows, from its conditions (and deletionTimestamp)."""
+    key = stack_key(obj)
+    conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}
+    deleting = bool(obj.get("metadata", {}).get("deletionTimestamp"))
+    for kind in ("Stalled", "Reconciling"):
+        condition = conditions.get(kind)
+        if condition and condition.get("status") == "True":
+            state: State = "Deleting" if deleting and kind == "Reconciling" else kind  # type: ignore[assignment]
+            return StackState(key, state, condition.get("reason", ""), condition.get("message", ""))
+    if deleting:
+        return StackState(key, "Deleting", "", "waiting for the operator to destroy its resources")
+    ready = conditions.get("Ready")
+    if ready and ready.get("status") == "True":
+        return StackState(key, "Ready", ready.get("reason", ""))
+    return StackState(key, "Pending", "", "not yet picked up by the operator")
+
+
+def snapshot(objects: Iterable[Mapping[str, Any]], expected: Iterable[str] = ()) -> dict[str, StackState]:
+    """Every Stack seen, plus each expected one that does not exist (yet)."""
+    states = {state.key: state for state in map(stack_state, objects)}
+    for key in expected:
+        states.setdefault(key, StackState(key, "Missing", "", "not created yet"))
+    return states
+
+
+def changes(before: Mapping[str, StackState], after: Mapping[str, StackState]) -> list[str]:
+    """One line per Stack whose state, reason or message changed, and one per Stack that went away."""
+    lines = [state.line() for key, state in sorted(after.items()) if before.get(key) != state]
+    lines += [f"  {key}: gone" for key in sorted(before) if key not in after]
+    return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    done: bool
+    failed: list[StackState] = dataclasses.field(default_factory=list)
+
+
+def ready_verdict(states: Mapping[str, StackState]) -> Verdict:
+    """Done when every Stack is Ready; failed when one is Stalled (it waits for a person)."""
+    stalled = [s for s in states.values() if s.state == "Stalled"]
+    if stalled:
+        return Verdict(False, stalled)
+    return Verdict(bool(states) and all(s.state == "Ready" for s in states.values()))
+
+
+def gone_verdict(states: Mapping[str, StackState]) -> Verdict:
+    """Done when no Stack is left; failed when one being deleted is Stalled (its destroy failed)."""
+    blocked = [s for s in states.values() if s.state == "Stalled"]
+    return Verdict(not states, blocked)
+
+
+class StackReader:
+    """Lists the Stacks of a cluster with an admin kubeconfig."""
+
+    def __init__(self, kubeconfig: Path):
+        from kubernetes import client, config
+
+        self._api = config.new_client_from_config(config_file=str(kubeconfig))
+        self.custom = client.CustomObjectsApi(self._api)
+
+    def list(self) -> list[dict[str, Any]]:
+        return self.custom.list_cluster_custom_object(*STACKS)["items"]
+
+    def get(self, key: str) -> dict[str, Any]:
+        namespace, name = key.split("/", 1)
+        return self.custom.get_namespaced_custom_object(*STACKS[:2], namespace, STACKS[2], name)
+
+    def remove_finalizers(self, key: str) -> None:
+        namespace, name = key.split("/", 1)
+        self.custom.patch_namespaced_custom_object(*STACKS[:2], namespace, STACKS[2], name,
+                                                   {"metadata": {"finalizers": None}})
+
+    def close(self) -> None:
+        self._api.close()
+
+
+def watch(list_stacks: Callable[[], list[dict[str, Any]]], verdict_of: Callable[[Mapping[str, StackState]], Verdict],
+          *, expected: Iterable[str] = (), timeout: float, say: Say = stderr_say, heartbeat: float = 60.0,
+          stop: Callable[[], bool] = lambda: False) -> tuple[Verdict, dict[str, StackState]]:
+    """Poll until the verdict is done or failed, `stop()` says so, or `timeout` passes; a line for each
+    change and a reminder of who is still waiting every `heartbeat` seconds. Returns the last verdict."""
+    expected = list(expected)
+    started = last_said = time.monotonic()
+    seen: dict[str, StackState] = {}
+    while True:
+        try:
+            current = snapshot(list_stacks(), expected)
+        except Exception as error:  # noqa: BLE001 - an API hiccup is reported and retried, not fatal
+            say(f"  (cannot list Stacks: {_shorten(str(error), 160)}; retrying)")
+            current = seen
+        for line in changes(seen, current):
+            say(line)
+            last_said = time.monotonic()
+        seen = current
+        verdict = verdict_of(current)
+        if verdict.done or verdict.failed or stop():
+            return verdict, current
+        now = time.monotonic()
+        if now - started >= timeout:
+            return verdict, current
+        if now - last_said >= heartbeat:
+            waiting = [key for key, state in sorted(current.items()) if state.state != "Ready"]
+            say(f"  ... still waiting ({format_seconds(now - started)}) for: {', '.join(waiting)}")
+            last_said = now
+        time.sleep(POLL_SECONDS)

@@ -1,0 +1,84 @@
+from strata_components.local import stackwatch
+from strata_components.local.stackwatch import StackState
+
+
+def _stack(name, namespace="strata-system", conditions=(), deleting=False):
+    meta = {"name": name, "namespace": namespace}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-23T00:00:00Z"
+    return {"metadata": meta, "status": {"conditions": [
+        {"type": kind, "status": status, "reason": reason, "message": message}
+        for kind, status, reason, message in conditions]}}
+
+
+READY = [("Ready", "True", "ProcessingCompleted", "")]
+RETRYING = [("Ready", "False", "NotReadyInProgress", ""),
+            ("Reconciling", "True", "RetryingAfterFailure", "1 update failure(s): boom")]
+STALLED = [("Ready", "False", "NotReadyStalled", ""), ("Stalled", "True", "UpdateFailed", "5 consecutive failures")]
+
+
+def test_a_stack_shows_the_condition_that_is_true_with_its_reason_and_message():
+    assert stackwatch.stack_state(_stack("p", conditions=READY)) == StackState("strata-system/p", "Ready",
+                                                                               "ProcessingCompleted")
+    assert stackwatch.stack_state(_stack("p", conditions=RETRYING)) == StackState(
+        "strata-system/p", "Reconciling", "RetryingAfterFailure", "1 update failure(s): boom")
+    assert stackwatch.stack_state(_stack("p", conditions=STALLED)).state == "Stalled"
+    assert stackwatch.stack_state(_stack("p")).state == "Pending"
+    deleting = stackwatch.stack_state(_stack("p", conditions=RETRYING, deleting=True))
+    assert (deleting.state, deleting.reason) == ("Deleting", "RetryingAfterFailure")
+
+
+def test_expected_stacks_that_do_not_exist_yet_are_missing():
+    states = stackwatch.snapshot([_stack("a", conditions=READY)], expected=["strata-system/a", "team-x/team-x"])
+    assert states["team-x/team-x"].state == "Missing"
+    assert not stackwatch.ready_verdict(states).done
+
+
+def test_one_progress_line_per_change_and_none_when_nothing_changed():
+    before = stackwatch.snapshot([_stack("a", conditions=RETRYING), _stack("b", conditions=READY)])
+    after = stackwatch.snapshot([_stack("a", conditions=READY), _stack("b", conditions=READY)])
+    assert stackwatch.changes(before, after) == ["  strata-system/a: Ready (ProcessingCompleted)"]
+    assert stackwatch.changes(after, after) == []
+    assert stackwatch.changes(after, {}) == ["  strata-system/a: gone", "  strata-system/b: gone"]
+    assert "RetryingAfterFailure): 1 update failure(s): boom" in stackwatch.changes({}, before)[0]
+
+
+def test_ready_when_all_are_ready_failed_when_one_is_stalled():
+    ready = stackwatch.snapshot([_stack("a", conditions=READY)])
+    assert stackwatch.ready_verdict(ready).done
+    stalled = stackwatch.snapshot([_stack("a", conditions=READY), _stack("b", conditions=STALLED)])
+    verdict = stackwatch.ready_verdict(stalled)
+    assert not verdict.done and [s.key for s in verdict.failed] == ["strata-system/b"]
+    assert not stackwatch.ready_verdict({}).done  # nothing seen is not "all Ready"
+
+
+def test_gone_when_no_stack_is_left():
+    assert stackwatch.gone_verdict({}).done
+    blocked = stackwatch.snapshot([_stack("a", conditions=STALLED, deleting=True)])
+    assert stackwatch.gone_verdict(blocked).failed
+
+
+def test_watch_says_each_change_and_stops_at_the_verdict(monkeypatch):
+    monkeypatch.setattr(stackwatch, "POLL_SECONDS", 0)
+    rounds = iter([[_stack("a", conditions=RETRYING)], [_stack("a", conditions=RETRYING)],
+                   [_stack("a", conditions=READY)]])
+    said = []
+    verdict, states = stackwatch.watch(lambda: next(rounds), stackwatch.ready_verdict, timeout=60, say=said.append)
+    assert verdict.done and states["strata-system/a"].state == "Ready"
+    assert len(said) == 2 and "Reconciling" in said[0] and "Ready" in said[1]
+
+
+def test_watch_gives_up_at_the_timeout_and_survives_an_api_error(monkeypatch):
+    monkeypatch.setattr(stackwatch, "POLL_SECONDS", 0)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("refused")
+        return [_stack("a", conditions=RETRYING)]
+
+    said = []
+    verdict, _states = stackwatch.watch(flaky, stackwatch.ready_verdict, timeout=0.05, say=said.append)
+    assert not verdict.done and not verdict.failed
+    assert "cannot list Stacks: refused" in said[0]
