@@ -101,6 +101,11 @@ class Kube:
                                 group, version, namespace, plural, name, body,
                                 _request_timeout=LEASE_REQUEST_TIMEOUT)
 
+    async def create_namespace(self, name: str, labels: dict[str, str]) -> None:
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}}
+        await self._call(kubernetes.client.CoreV1Api(self.api).create_namespace, body,
+                         _request_timeout=LEASE_REQUEST_TIMEOUT)
+
     async def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         try:
             secret = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_secret, name, namespace)

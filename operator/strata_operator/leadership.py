@@ -108,6 +108,25 @@ def describe_api_error(err: ApiException, namespace: str, name: str) -> str:
     return f"Lease {namespace}/{name}: HTTP {err.status}: {message}"
 
 
+def missing_namespace(err: ApiException) -> str:
+    """The namespace a 404 says does not exist (writing an object into it), else ""."""
+    if err.status != 404:
+        return ""
+    try:
+        details = json.loads(err.body or "{}").get("details") or {}
+    except (TypeError, ValueError, AttributeError):
+        return ""
+    return details.get("name", "") if details.get("kind") == "namespaces" else ""
+
+
+def describe_namespace_error(err: ApiException, namespace: str) -> str:
+    """Why the Lease's missing namespace could not be created, and the ways out."""
+    why = "this operator may not create it" if err.status in (401, 403) else f"creating it failed (HTTP {err.status})"
+    return (f"the leader Lease's namespace {namespace} does not exist and {why}: create it (kubectl create namespace "
+            f"{namespace}), set --leader-election-namespace to an existing namespace whose Leases this operator may "
+            "write, or run one replica with --no-leader-election")
+
+
 class Elector:
     """One candidate for one Lease: reads it, decides (strata_operator.lease), writes."""
 
@@ -178,7 +197,9 @@ async def acquire(elector: Elector) -> None:
         try:
             decision = await elector.step()
         except ApiException as err:
-            if err.status != 409:  # 409: another candidate wrote between our read and write; look again
+            if missing_namespace(err) == elector.namespace:
+                await create_lease_namespace(elector, errors)  # then the next try takes the Lease
+            elif err.status != 409:  # 409: another candidate wrote between our read and write; look again
                 problem = describe_api_error(err, elector.namespace, elector.name)
                 errors.log(logging.ERROR, f"cannot take the leader {problem}; retrying")
         except Exception as err:  # noqa: BLE001 - apiserver unreachable, timeouts: keep trying
@@ -198,6 +219,25 @@ async def acquire(elector: Elector) -> None:
 
 
 _VERBS = {"create": "created", "acquire": "took", "renew": "renewed"}
+
+
+async def create_lease_namespace(elector: Elector, errors: _Repeats) -> None:
+    """Create the Lease's namespace, which does not exist (a fresh cluster), or say why it cannot be.
+
+    Never a fallback to another namespace: replicas started before and after someone created it would
+    elect on different Leases, and both lead."""
+    try:
+        await elector.kube.create_namespace(elector.namespace, LABELS)
+    except ApiException as err:
+        if err.status != 409:  # 409: another replica created it first
+            errors.log(logging.ERROR, f"cannot take the leader Lease {elector.lease}: "
+                                      f"{describe_namespace_error(err, elector.namespace)}; retrying")
+    except Exception as err:  # noqa: BLE001 - apiserver unreachable: the loop tries again
+        errors.log(logging.WARNING, f"cannot create the namespace {elector.namespace} of the leader Lease: "
+                                    f"{type(err).__name__}: {err}; retrying")
+    else:
+        logger.info("created the namespace %s for the leader Lease %s (it did not exist)", elector.namespace,
+                    elector.lease)
 
 
 async def keep(elector: Elector) -> None:

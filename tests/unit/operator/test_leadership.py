@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from strata_operator import leadership
 from strata_operator.leadership import (ElectionSettings, Elector, StandbyHealth, acquire, check_settings,
-                                        describe_api_error, discover_namespace, keep)
+                                        describe_api_error, discover_namespace, keep, missing_namespace)
 from strata_operator.main import build_parser
 
 
@@ -34,10 +34,12 @@ def run(coro):
 class FakeLeases:
     """One namespace's Leases with the apiserver's optimistic concurrency; `fail` makes calls raise."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace_exists: bool = True, may_create_namespaces: bool = True) -> None:
         self.leases: dict[str, dict] = {}
         self.version = 0
         self.fail: Exception | None = None
+        self.namespace_exists, self.may_create_namespaces = namespace_exists, may_create_namespaces
+        self.namespace_labels: dict[str, str] = {}
 
     def _check(self) -> None:
         if self.fail is not None:
@@ -57,6 +59,8 @@ class FakeLeases:
 
     async def create_lease(self, namespace: str, body: dict) -> dict:
         self._check()
+        if not self.namespace_exists:
+            raise _not_found_namespace(namespace)
         if body["metadata"]["name"] in self.leases:
             raise ApiException(status=409, reason="AlreadyExists")
         return self._store(body["metadata"]["name"], body)
@@ -67,8 +71,24 @@ class FakeLeases:
             raise ApiException(status=409, reason="Conflict")
         return self._store(name, body)
 
+    async def create_namespace(self, name: str, labels: dict[str, str]) -> None:
+        if not self.may_create_namespaces:
+            raise ApiException(status=403, reason="Forbidden")
+        if self.namespace_exists:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.namespace_exists, self.namespace_labels = True, labels
+
     def holder(self, name: str = "leader") -> str:
         return self.leases[name]["spec"].get("holderIdentity", "")
+
+
+def _not_found_namespace(namespace: str) -> ApiException:
+    """What the apiserver answers to creating an object in a namespace that does not exist."""
+    err = ApiException(status=404, reason="NotFound")
+    err.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+                           "message": f'namespaces "{namespace}" not found',
+                           "details": {"name": namespace, "kind": "namespaces"}})
+    return err
 
 
 @pytest.fixture
@@ -164,6 +184,48 @@ def test_a_standby_keeps_retrying_through_api_errors_and_names_the_fix_once(fast
         run(scenario())
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "--leader-election-namespace" in errors[0] and "leader-election.yaml" in errors[0]
+
+
+def test_a_missing_lease_namespace_is_created_and_the_lease_taken(fast, caplog):
+    async def scenario():
+        api = FakeLeases(namespace_exists=False)
+        elector = Elector(api, "strata-system", "leader", "a_1")
+        await asyncio.wait_for(acquire(elector), 2)
+        assert elector.leading and api.holder() == "a_1"
+        assert api.namespace_labels["app.kubernetes.io/part-of"] == "strata"
+
+    with caplog.at_level(logging.INFO, logger="strata_operator.leadership"):
+        run(scenario())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("created the namespace strata-system for the leader Lease" in m for m in messages)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_lease_namespace_that_may_not_be_created_is_named_with_the_fixes_once(fast, caplog):
+    async def scenario():
+        api = FakeLeases(namespace_exists=False, may_create_namespaces=False)
+        elector = Elector(api, "strata-system", "leader", "a_1")
+        waiting = asyncio.create_task(acquire(elector))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        api.namespace_exists = True  # an administrator created it
+        await asyncio.wait_for(waiting, 2)
+        assert elector.leading
+
+    with caplog.at_level(logging.INFO, logger="strata_operator.leadership"):
+        run(scenario())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "namespace strata-system does not exist and this operator may not create it" in errors[0]
+    assert "kubectl create namespace strata-system" in errors[0] and "--leader-election-namespace" in errors[0]
+
+
+def test_only_a_namespace_not_found_names_a_missing_namespace():
+    assert missing_namespace(_not_found_namespace("ops")) == "ops"
+    lease_gone = ApiException(status=404, reason="NotFound")
+    lease_gone.body = json.dumps({"details": {"name": "leader", "group": "coordination.k8s.io", "kind": "leases"}})
+    assert missing_namespace(lease_gone) == ""
+    assert missing_namespace(ApiException(status=403, reason="Forbidden")) == ""
 
 
 def test_the_leader_renews_until_cancelled(fast, stops):
