@@ -42,12 +42,14 @@ NETWORK_SETTINGS = frozenset({
 
 @dataclasses.dataclass(frozen=True)
 class UpdateRequest:
-    """Everything one operation needs; `env`, `secret_config` and `config` values may be secret."""
+    """Everything one operation needs; `secret_config` values and the `env` entries named in `secret_env`
+    are secret (the worker redacts those, and only those, from what it reports)."""
 
     stack_key: str  # <namespace>/<name> of the Stack object: the unit of mutual exclusion
     stack_name: str  # spec.stack
     project_dir: str
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     secret_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
     secrets_provider: str = ""

@@ -238,8 +238,8 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
         env["KUBECONFIG"] = str(path)
     return UpdateRequest(
         stack_key=_key(namespace, name), stack_name=spec.stack, project_dir=str(project), env=env,
-        config=resolved.config, secret_config=resolved.secret_config, secrets_provider=spec.secrets_provider,
-        create=not spec.use_local_stack_only, refresh=spec.refresh,
+        secret_env=tuple(sorted(resolved.secret_env)), config=resolved.config, secret_config=resolved.secret_config,
+        secrets_provider=spec.secrets_provider, create=not spec.use_local_stack_only, refresh=spec.refresh,
         expect_no_refresh_changes=spec.expect_no_refresh_changes, targets=tuple(spec.targets),
         target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message)
 

@@ -1,5 +1,6 @@
 """Turn a Stack's references (envRefs, secretsRef, configRef, gitAuth and the deprecated v1 fields) into
-the values one update needs. Every value read from a Secret is registered with the redactor first.
+the values one update needs. Every value read from a Secret is registered with the redactor first;
+Literal and ConfigMap values and plain spec fields are not secrets and stay readable.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ class Resolved:
     config: dict[str, Any]
     secret_config: dict[str, str]
     git: GitCredentials | None
+    secret_env: frozenset[str] = frozenset()
+    """The `env` entries whose values are secret: from Secrets, the operator's own env and files, and
+    the passphrase and access token however given."""
 
 
 async def resolve_ref(field: str, ref: ResourceRef, namespace: str, read_secret: ReadMap,
@@ -97,29 +101,41 @@ async def _git_credentials(spec: StackSpec, namespace: str, read_secret: ReadMap
 async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, read_configmap: ReadMap,
                         allow_operator_refs: bool = True) -> Resolved:
     env: dict[str, str] = {}
+    secret_env: set[str] = set()
+
+    def put(values: dict[str, str], secret: bool) -> None:
+        env.update(values)
+        if secret:
+            secret_env.update(values)
+        else:
+            secret_env.difference_update(values)
+
     for name in spec.envs:
         data = await read_configmap(namespace, name)
         if data is None:
             raise RefError(f"spec.envs: ConfigMap {name!r} not found")
-        env.update(data)
+        put(data, secret=False)
     for name in spec.env_secrets:
         data = await read_secret(namespace, name)
         if data is None:
             raise RefError(f"spec.envSecrets: Secret {name!r} not found")
         REDACTOR.add(*data.values())
-        env.update(data)
+        put(data, secret=True)
     if spec.access_token_secret:
         data = await read_secret(namespace, spec.access_token_secret)
         if data is None or "accessToken" not in data:
             raise RefError(f"spec.accessTokenSecret: Secret {spec.access_token_secret!r} with key 'accessToken' not found")
         REDACTOR.add(data["accessToken"])
-        env["PULUMI_ACCESS_TOKEN"] = data["accessToken"]
+        put({"PULUMI_ACCESS_TOKEN": data["accessToken"]}, secret=True)
     for key, ref in sorted(spec.env_refs.items()):
-        env[key] = await resolve_ref(f"spec.envRefs.{key}", ref, namespace, read_secret, allow_operator_refs)
+        value = await resolve_ref(f"spec.envRefs.{key}", ref, namespace, read_secret, allow_operator_refs)
+        put({key: value}, secret=ref.type != "Literal")
     if spec.backend:
-        env["PULUMI_BACKEND_URL"] = spec.backend
-    for secret_env in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN"):
-        REDACTOR.add(env.get(secret_env))
+        put({"PULUMI_BACKEND_URL": spec.backend}, secret=False)
+    for secret_name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN"):
+        if secret_name in env:
+            REDACTOR.add(env[secret_name])
+            secret_env.add(secret_name)
 
     config: dict[str, Any] = dict(spec.config)
     for key, cref in sorted(spec.config_ref.items()):
@@ -139,4 +155,4 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
     git = await _git_credentials(spec, namespace, read_secret, allow_operator_refs) if spec.project_repo else None
     if git is not None:
         git.register_secrets()
-    return Resolved(env, config, secret_config, git)
+    return Resolved(env, config, secret_config, git, frozenset(secret_env))

@@ -366,10 +366,18 @@ def _enter(request: dict[str, Any]) -> None:
     os.chdir(request["project_dir"])
 
 
+def request_redactor(request: dict[str, Any]) -> Redactor:
+    """Masks the request's secrets: its secret config and its environment entries from Secrets (plain
+    values, such as the backend's path, stay readable in messages)."""
+    redactor = Redactor()
+    env = request["env"]
+    redactor.add(*request["secret_config"].values(), *(env[name] for name in request["secret_env"] if name in env))
+    return redactor
+
+
 def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
     """Run one request as this process's only job; every failure comes back as a result, redacted."""
-    redactor = Redactor()
-    redactor.add(*request["secret_config"].values(), *request["env"].values())
+    redactor = request_redactor(request)
     _enter(request)
     try:
         result = _run(request, pulumi_command)

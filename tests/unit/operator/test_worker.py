@@ -1,11 +1,13 @@
 """The worker's pure parts: config written into the stack file, results read from an event log, the
-record of which backend stack is known to exist. The real CLI runs them in tests/engine/operator."""
+record of which backend stack is known to exist, what a failure reports. The real CLI runs them in
+tests/engine/operator."""
 
 import json
 
 import yaml
 
-from strata_operator.worker import KnownStack, _event_log_results, _holds_secret, _secrets_settings, _write_stack_file
+from strata_operator.worker import (KnownStack, _event_log_results, _holds_secret, _secrets_settings,
+                                    _write_stack_file, request_redactor)
 
 SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": '"[secret]"'}
 
@@ -81,3 +83,20 @@ def test_known_stack_record_is_per_backend_and_stack(tmp_path):
     known.forget()
     assert known.settings() is None
     known.forget()  # already gone: fine
+
+
+# --- what a failed update reports --------------------------------------------------------------
+
+def _request(tmp_path, **extra):
+    return {"stack_name": "dev", "plugin_cache": str(tmp_path / "pulumi" / "plugins"), "secret_config": {},
+            "env": {}, "secret_env": [], **extra}
+
+
+def test_only_secret_values_are_redacted_plain_ones_stay_readable(tmp_path):
+    request = _request(tmp_path, secret_config={"token": "config-canary-123"},
+                       env={"PULUMI_BACKEND_URL": "file:///srv/state", "PULUMI_CONFIG_PASSPHRASE": "pass-canary-456",
+                            "FROM_SECRET": "env-canary-789", "REGION": "eu-west-1"},
+                       secret_env=["FROM_SECRET", "PULUMI_CONFIG_PASSPHRASE"])
+    text = request_redactor(request).redact(
+        'unable to open "file:///srv/state" in eu-west-1 with config-canary-123 pass-canary-456 env-canary-789')
+    assert text == 'unable to open "file:///srv/state" in eu-west-1 with [secret] [secret] [secret]'
