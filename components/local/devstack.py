@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -312,11 +313,12 @@ def down(project: Path, home: DevHome | None = None, force: bool = False,
     say(f"==> pulumi destroy of the {STACK} stack")
     _describe(home, say)
     run, _config = prepare(project, home)
-    if not all(platform.status().values()):
+    local = local_process_urns(checkpoint_path(home, name))
+    if local and not all(platform.status().values()):
         # The operator destroys the Stacks' resources before the Stack objects go: it must be running.
-        say("==> the local platform is not running: pulumi up brings it back so its operator can destroy")
+        say("==> the local platform is not running: starting its processes again so its operator can destroy")
         run("up", "--stack", STACK, "--config-file", str(home.stack_config), "--yes", "--skip-preview",
-            "--non-interactive")
+            "--non-interactive", *(arg for urn in local for arg in ("--target", urn)))
     blocked: list[stackwatch.StackState] = []
     done = False
     try:
@@ -339,47 +341,51 @@ def down(project: Path, home: DevHome | None = None, force: bool = False,
             "finalizer (its resources stay where they are) and still stops every local process.")
 
 
+def watch_deletions(reader: stackwatch.StackReader, *, force: bool, stuck_after: float, say: Say,
+                    stop: Callable[[], bool]) -> list[stackwatch.StackState]:
+    """Follow the Stacks being deleted (a line per change) until `stop()`; returns the ones whose destroy
+    failed or stood still longer than its patience. With `force` their finalizers are removed instead,
+    saying what each may leave behind, and the watch goes on."""
+    last_change: dict[str, tuple[stackwatch.StackState, float]] = {}
+
+    def deleting() -> list[dict[str, Any]]:
+        return [s for s in reader.list() if s.get("metadata", {}).get("deletionTimestamp")]
+
+    def stuck(states: Mapping[str, stackwatch.StackState]) -> stackwatch.Verdict:
+        now = time.monotonic()
+        for key, state in states.items():
+            if last_change.get(key, (None,))[0] != state:
+                last_change[key] = (state, now)
+        return stackwatch.Verdict(False, [state for state in states.values() if state.state == "Stalled"
+                                          or now - last_change[state.key][1] >= _patience(state, stuck_after)])
+
+    while not stop():
+        verdict, _states = stackwatch.watch(deleting, stuck, timeout=float("inf"), say=say, stop=stop)
+        if not verdict.failed:
+            return []
+        if not force:
+            return verdict.failed
+        for state in verdict.failed:
+            say(f"  forced: removing the finalizer of Stack {state.key} ({state.reason or state.state}); "
+                f"{left_behind(reader.get(state.key))}, and stays where it is")
+            reader.remove_finalizers(state.key)
+            last_change.pop(state.key, None)
+    return []
+
+
 def _destroy_watching_stacks(run: PulumiRun, home: DevHome, force: bool, stuck_after: float,
                              say: Say) -> list[stackwatch.StackState]:
     """`pulumi destroy` while the Stacks it deletes are watched; returns the ones that blocked it (it
     is interrupted then), or [] when it finished."""
     kubeconfig = home.platform_dir / "kubeconfig"
-    reader = stackwatch.StackReader(kubeconfig) if kubeconfig.is_file() else None
     finished = threading.Event()
     blocked: list[stackwatch.StackState] = []
+    reader = stackwatch.StackReader(kubeconfig) if kubeconfig.is_file() else None
 
     def observe() -> None:
-        """Stacks being deleted: a line per change; stop (or force) one that failed or stands still."""
-        last_change: dict[str, tuple[stackwatch.StackState, float]] = {}
-
-        def deleting() -> list[dict[str, Any]]:
-            return [s for s in reader.list() if s.get("metadata", {}).get("deletionTimestamp")]
-
-        def stuck(states: dict[str, stackwatch.StackState]) -> stackwatch.Verdict:
-            now = time.monotonic()
-            for key, state in states.items():
-                if last_change.get(key, (None,))[0] != state:
-                    last_change[key] = (state, now)
-            failed = [s for s in states.values()
-                      if s.state == "Stalled" or now - last_change[s.key][1] >= _patience(s, stuck_after)]
-            return stackwatch.Verdict(False, failed)
-
-        while not finished.is_set():
-            verdict, _states = stackwatch.watch(deleting, stuck, timeout=float("inf"), say=say,
-                                                stop=finished.is_set)
-            if finished.is_set() or not verdict.failed:
-                return
-            for state in verdict.failed:
-                if force:
-                    say(f"  forced: removing the finalizer of Stack {state.key} ({state.reason or state.state}); "
-                        f"{left_behind(reader.get(state.key))}; they stay in the cluster or cloud")
-                    reader.remove_finalizers(state.key)
-                    last_change.pop(state.key, None)
-                else:
-                    blocked.append(state)
-            if blocked:
-                run.interrupt()
-                return
+        blocked.extend(watch_deletions(reader, force=force, stuck_after=stuck_after, say=say, stop=finished.is_set))
+        if blocked:
+            run.interrupt()
 
     watcher = threading.Thread(target=observe, daemon=True) if reader is not None else None
     if watcher is not None:
@@ -399,6 +405,16 @@ def _destroy_watching_stacks(run: PulumiRun, home: DevHome, force: bool, stuck_a
     return blocked
 
 
+def local_process_urns(checkpoint: Path | None) -> list[str]:
+    """The dev stack's resources that are local processes (the platform, the operator) or their
+    files: its dynamic resources, which start what is not running when they are updated."""
+    if checkpoint is None:
+        return []
+    latest = _read_checkpoint(checkpoint).get("checkpoint", {}).get("latest") or {}
+    return [resource["urn"] for resource in latest.get("resources") or []
+            if resource.get("type") == "pulumi-python:dynamic:Resource"]
+
+
 def _patience(state: stackwatch.StackState, stuck_after: float) -> float:
     """How long a Stack being deleted may stand still: less once its destroy has failed (the operator
     retries it, but a program that cannot load fails the same way every time)."""
@@ -411,16 +427,18 @@ def left_behind(stack: dict[str, Any]) -> str:
     spec = stack.get("spec") or {}
     backend, name = str(spec.get("backend", "")), str(spec.get("stack", ""))
     parts = name.split("/")
-    if backend.startswith("file://") and len(parts) == 3:
-        stacks = Path(backend.removeprefix("file://")).expanduser() / ".pulumi" / "stacks" / parts[1]
-        checkpoint = next((p for p in (stacks / f"{parts[2]}.json", stacks / f"{parts[2]}.json.gz") if p.is_file()),
-                          None)
+    if backend.startswith("file://"):
+        # organization/project/stack, or a bare stack name whose project only its Pulumi.yaml knows.
+        project = parts[1] if len(parts) == 3 else "*"
+        stacks = Path(backend.removeprefix("file://")).expanduser() / ".pulumi" / "stacks"
+        found = [p for p in stacks.glob(f"{project}/{parts[-1]}.json*") if p.name.endswith((".json", ".json.gz"))]
+        checkpoint = found[0] if len(found) == 1 else None
         if checkpoint is not None:
             latest = _read_checkpoint(checkpoint).get("checkpoint", {}).get("latest") or {}
             kinds: dict[str, int] = {}
             for resource in latest.get("resources") or []:
                 kind = resource.get("type", "")
-                if not kind.startswith("pulumi:"):
+                if kind != "pulumi:pulumi:Stack" and not kind.startswith("pulumi:providers:"):
                     kinds[kind] = kinds.get(kind, 0) + 1
             if not kinds:
                 return f"its stack {name} holds no resources"

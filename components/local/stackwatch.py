@@ -105,15 +105,18 @@ def gone_verdict(states: Mapping[str, StackState]) -> Verdict:
 
 
 class StackReader:
-    """Lists the Stacks of a cluster with an admin kubeconfig."""
+    """Lists the Stacks of a cluster (or of one namespace) with an admin kubeconfig."""
 
-    def __init__(self, kubeconfig: Path):
+    def __init__(self, kubeconfig: Path, namespace: str | None = None):
         from kubernetes import client, config
 
         self._api = config.new_client_from_config(config_file=str(kubeconfig))
         self.custom = client.CustomObjectsApi(self._api)
+        self.namespace = namespace
 
     def list(self) -> list[dict[str, Any]]:
+        if self.namespace:
+            return self.custom.list_namespaced_custom_object(*STACKS[:2], self.namespace, STACKS[2])["items"]
         return self.custom.list_cluster_custom_object(*STACKS)["items"]
 
     def get(self, key: str) -> dict[str, Any]:

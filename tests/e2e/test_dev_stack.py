@@ -1,73 +1,49 @@
-"""e2e: `pulumi up` of the dev stack (local platform, Flux, operator, platform Stack), then destroy.
+"""e2e: the README's `make up` and `make down`, exactly as a user types them, with a throw-away home.
 
-Needs a pulumi CLI with the Python language host and the kubernetes/flux provider plugins
-(tests/e2e/requirements.py names what is missing; tests/run.py reports the tier NOT RUN then).
-Runs against a throw-away file:// backend, passphrase and platform state directory.
+`make up` (the preflight, `make setup`, then `strata dev up`) runs the bootstrap dev stack: the local
+platform, Flux, the operator, the platform layer, each team's hand-off and alpha's app. Then every
+layer is checked from outside, as a user would look at it, and `make down` must leave nothing behind.
+Once `make down` is also made to meet a Stack it cannot destroy: it stops, naming it, and
+`make down FORCE=1` still gets rid of everything. Needs a pulumi CLI with the Python language host
+and the kubernetes/flux provider plugins (tests/run.py reports the tier NOT RUN without them).
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes import client, config
 from requirements import missing_e2e_requirements
 
-from strata_components.local.platform import LocalPlatform, PlatformConfig
-from strata_components.local.preflight import find_pulumi_with_python_host
 from strata_components.local.processes import descendants, running_pid
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = missing_e2e_requirements()
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"e2e needs: {'; '.join(MISSING)}")
+pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"e2e needs: {'; '.join(MISSING)}"),
+              pytest.mark.timeout(3600)]
+OPERATOR_NAMESPACE = "strata-system"
+STACKS = ("pulumi.com", "v1", "stacks")
 
 
-def _pulumi(env: dict[str, str], *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    cli = find_pulumi_with_python_host()
-    result = subprocess.run([str(cli), *args, "--non-interactive", "--cwd", env["STRATA_E2E_PROJECT"]], env=env,
-                            text=True, capture_output=True, timeout=timeout)
-    assert result.returncode == 0, f"pulumi {' '.join(args)} failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
-    return result
+def make(target: str, home: Path, *variables: str, timeout: float = 2400) -> subprocess.CompletedProcess:
+    """`make <target>` in the repository, as typed, with STRATA_HOME pointing at the throw-away home."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_BACKEND_URL", "KUBECONFIG", "MAKEFLAGS", "MFLAGS",
+                          "MAKELEVEL")}
+    env["STRATA_HOME"] = str(home)
+    return subprocess.run(["make", "--no-print-directory", target, *variables], cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
 
 
-@pytest.fixture
-def dev_stack(tmp_path):
-    """A copy of the bootstrap project whose backend and platform state live in tmp_path (the
-    repository's Pulumi.*.yaml stay untouched)."""
-    backend, state, project = tmp_path / "backend", tmp_path / "platform", tmp_path / "project"
-    backend.mkdir()
-    project.mkdir()
-    settings = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
-    settings["backend"] = {"url": f"file://{backend}"}
-    (project / "Pulumi.yaml").write_text(yaml.safe_dump(settings))
-    dev = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
-    dev["config"]["strata:cluster"]["local"]["stateDir"] = str(state)
-    dev["config"]["strata:platform"]["backend"] = f"file://{backend}"
-    dev["config"]["strata:platform"]["sourceDir"] = str(ROOT)  # published to the platform's git server
-    (project / "Pulumi.dev.yaml").write_text(yaml.safe_dump(dev))
-    (project / "__main__.py").write_text((ROOT / "__main__.py").read_text())
-    (project / ".venv").symlink_to(Path(sys.prefix))  # the interpreter running the tests has strata installed
-    env = {**os.environ, "STRATA_E2E_PROJECT": str(project), "PULUMI_CONFIG_PASSPHRASE": "e2e-passphrase",
-           "PULUMI_SKIP_UPDATE_CHECK": "true",
-           # An exported PULUMI_BACKEND_URL would win over Pulumi.yaml's backend: pin the throw-away one.
-           "PULUMI_BACKEND_URL": f"file://{backend}"}
-    _pulumi(env, "stack", "select", "--create", "dev", "--secrets-provider", "passphrase")
-    try:
-        yield env, state, backend
-        _pulumi(env, "destroy", "--yes", "--stack", "dev", "--skip-preview")
-        _pulumi(env, "stack", "rm", "--yes", "dev", "--force")
-    finally:
-        # Whatever failed above, leave no platform process (etcd, apiserver, operator, ...) running.
-        LocalPlatform(PlatformConfig(state_dir=state)).down(say=lambda _line: None)
-
-
-def _platform_pids(state: Path) -> list[int]:
+def platform_pids(state: Path) -> list[int]:
     """The running platform processes (the operator included) and everything they started."""
     pids = []
     for record in sorted((state / "run").glob("*.json")):
@@ -77,7 +53,7 @@ def _platform_pids(state: Path) -> list[int]:
     return pids
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Running, and not a zombie waiting for its parent."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -85,104 +61,165 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _survivors(pids: list[int], grace: float = 30) -> list[str]:
-    """The command lines of `pids` still running after `grace` seconds (an operator's spare update
-    worker exits on its own once the operator is gone, not at once)."""
+def survivors(pids: list[int], grace: float = 30) -> list[str]:
+    """The command lines of `pids` still running after `grace` seconds."""
     deadline = time.monotonic() + grace
-    while True:
-        alive = [pid for pid in pids if _alive(pid)]
-        if not alive or time.monotonic() > deadline:
-            break
+    while [pid for pid in pids if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.5)
     lines = []
-    for pid in alive:
+    for pid in (pid for pid in pids if alive(pid)):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            lines.append(f"{pid}: {command}")
         except OSError:
-            pass
+            continue
+        lines.append(f"{pid}: {command}")
     return lines
 
 
-def _platform_stack_resources(backend: Path) -> list[str]:
-    """Types of what the operator's platform stack holds in the shared file:// backend ([] once gone)."""
-    for checkpoint in (backend / ".pulumi" / "stacks" / "strata-platform").glob("dev.json*"):
+def stack_resources(backend: Path, project: str, stack: str) -> list[str]:
+    """Types of what a stack holds in the file:// backend ([] once destroyed or removed)."""
+    for checkpoint in (backend / ".pulumi" / "stacks" / project).glob(f"{stack}.json*"):
         if checkpoint.name.endswith((".attrs", ".bak")):
             continue
         raw = checkpoint.read_bytes()
         data = json.loads(gzip.decompress(raw) if checkpoint.name.endswith(".gz") else raw)
-        latest = data.get("checkpoint", {}).get("latest") or {}
-        return [resource["type"] for resource in latest.get("resources") or []]
+        return [resource["type"] for resource in (data.get("checkpoint", {}).get("latest") or {}).get("resources") or []]
     return []
 
 
-def _wait_ready(custom, name: str, deadline: float) -> dict:
-    """The status of Stack `name` in strata-system once Ready after a successful update."""
-    while True:
-        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", "strata-system", "stacks", name)
-        status = stack.get("status") or {}
-        conditions = {c["type"]: c for c in status.get("conditions", [])}
-        if conditions.get("Ready", {}).get("status") == "True":
-            break
-        assert time.monotonic() < deadline, \
-            f"Stack {name} not Ready in time: {conditions}; last update: {status.get('lastUpdate')}"
-        time.sleep(5)
-    assert status["lastUpdate"]["state"] == "succeeded"
-    return status
+@pytest.fixture
+def home(tmp_path):
+    """A throw-away dev home; whatever happens, no platform process outlives the test."""
+    base = tmp_path / "strata-home"
+    try:
+        yield base
+    finally:
+        for pid in platform_pids(base / "platform"):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
 
 
-def test_dev_stack_up_is_idempotent_and_destroy_leaves_nothing(dev_stack):
-    env, state, backend = dev_stack
-    _pulumi(env, "up", "--yes", "--stack", "dev", "--skip-preview")
-    outputs = json.loads(_pulumi(env, "stack", "output", "--json", "--stack", "dev").stdout)
-    assert outputs["kubeconfig"] == "[secret]"  # never shown without --show-secrets
-    kubeconfig = json.loads(_pulumi(env, "stack", "output", "--json", "--show-secrets", "--stack", "dev").stdout)[
-        "kubeconfig"]
-    kubeconfig_file = state / "e2e.kubeconfig"
-    kubeconfig_file.write_text(kubeconfig)
+def api_client(kubeconfig: str) -> client.ApiClient:
+    return config.new_client_from_config_dict(yaml.safe_load(kubeconfig))
 
-    from kubernetes import client, config
 
-    api = config.new_client_from_config(config_file=str(kubeconfig_file))
-    extensions = client.ApiextensionsV1Api(api)
-    crds = {crd.metadata.name for crd in extensions.list_custom_resource_definition().items}
-    assert {"stacks.pulumi.com", "programs.pulumi.com", "gitrepositories.source.toolkit.fluxcd.io"} <= crds
-    custom = client.CustomObjectsApi(api)
-    # The first run of the platform Stack clones this project from the platform's git server and
-    # pip-installs its requirements (strata from the checkout, the Pulumi SDKs from PyPI) first.
-    status = _wait_ready(custom, "strata-platform", time.monotonic() + 900)
-    # The platform layer read the bootstrap stack by reference and made one environment per team;
-    # the team kubeconfigs and passphrases stay secret even in the Stack's status.
-    assert status["outputs"]["teamNamespaces"] == {"alpha": "team-alpha", "beta": "team-beta"}
-    assert status["outputs"]["teamKubeconfigs"] == "[secret]"
-    assert status["outputs"]["teamPassphrases"] == "[secret]"
-    assert status["outputs"]["teamHandoffStacks"] == {team: f"organization/strata-team-handoff/{team}"
-                                                      for team in ("alpha", "beta")}
-    core = client.CoreV1Api(api)
-    namespaces = {ns.metadata.name for ns in core.list_namespace().items}
-    assert {"team-alpha", "team-beta"} <= namespaces
-    assert core.read_namespaced_service_account("team-alpha", "team-alpha").metadata.name == "team-alpha"
-    # Each team's kubeconfig is handed over by a hand-off stack of its own, run by the operator in the
-    # platform's namespace under the team's passphrase (a YAML Program: no dependencies to install).
-    assert custom.get_namespaced_custom_object("pulumi.com", "v1", "strata-system", "programs",
-                                               "strata-team-handoff")["program"]["outputs"]
+def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
+    committed = (ROOT / "Pulumi.dev.yaml").read_text()
+    started = time.monotonic()
+    up = make("up", home)
+    print(up.stdout[-6000:])
+    assert up.returncode == 0, up.stdout[-6000:]
+    up_seconds = time.monotonic() - started
+    print(f"make up took {up_seconds:.0f}s")
+    # The tracked stack file is only read; this user's salt and paths live in the home.
+    assert (ROOT / "Pulumi.dev.yaml").read_text() == committed
+    assert "encryptionsalt" in (home / "Pulumi.dev.yaml").read_text()
+    # The summary says what runs and how to reach it.
+    for expected in (f"export KUBECONFIG={home / 'platform' / 'kubeconfig'}", "kubectl get stacks -A", "make down",
+                     f"backend:    file://{home / 'pulumi'}", f"passphrase: {home / 'passphrase'}"):
+        assert expected in up.stdout
+
+    state, backend = home / "platform", home / "pulumi"
+    api = config.new_client_from_config(config_file=str(state / "kubeconfig"))
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    custom, coordination = client.CustomObjectsApi(api), client.CoordinationV1Api(api)
+
+    # Flux's controllers answer and fetch from the platform's git server.
+    status = json.loads(subprocess.run([str(ROOT / ".venv" / "bin" / "strata"), "local", "status", "--state-dir",
+                                        str(state)], capture_output=True, text=True).stdout)
+    assert status["source-controller"] and status["kustomize-controller"]
+    repository = custom.get_namespaced_custom_object("source.toolkit.fluxcd.io", "v1", "team-alpha",
+                                                     "gitrepositories", "team-alpha")
+    assert {c["type"]: c["status"] for c in repository["status"]["conditions"]}["Ready"] == "True"
+    # The operator leads.
+    lease = coordination.read_namespaced_lease("strata-operator-leader", OPERATOR_NAMESPACE)
+    assert lease.spec.holder_identity
+
+    # Every layer's Stack is Ready: platform, both hand-offs, alpha's app.
+    stacks = {f"{s['metadata']['namespace']}/{s['metadata']['name']}": s
+              for s in custom.list_cluster_custom_object(*STACKS)["items"]}
+    assert set(stacks) == {f"{OPERATOR_NAMESPACE}/strata-platform", f"{OPERATOR_NAMESPACE}/team-alpha-handoff",
+                           f"{OPERATOR_NAMESPACE}/team-beta-handoff", "team-alpha/team-alpha"}
+    for key, stack in stacks.items():
+        conditions = {c["type"]: c["status"] for c in stack["status"]["conditions"]}
+        assert conditions["Ready"] == "True", (key, stack["status"])
+    platform_outputs = stacks[f"{OPERATOR_NAMESPACE}/strata-platform"]["status"]["outputs"]
+    assert platform_outputs["teamNamespaces"] == {"alpha": "team-alpha", "beta": "team-beta"}
+    assert platform_outputs["teamKubeconfigs"] == "[secret]" and platform_outputs["teamPassphrases"] == "[secret]"
     for team in ("alpha", "beta"):
-        handoff = _wait_ready(custom, f"team-{team}-handoff", time.monotonic() + 300)
-        assert handoff["outputs"] == {"kubeconfig": "[secret]", "namespace": f"team-{team}"}
-        secret = core.read_namespaced_secret(f"team-{team}-handoff", "strata-system")
-        assert set(secret.data) == {"kubeconfig", "passphrase"}
-        assert list((backend / ".pulumi" / "stacks" / "strata-team-handoff").glob(f"{team}.json*"))
-        # Teams without a program get no passphrase in their namespace; none ever gets the shared one.
-        assert "strata-pulumi-passphrase" not in {s.metadata.name for s in
-                                                  core.list_namespaced_secret(f"team-{team}").items}
-    # In the shared backend, next to the bootstrap stack.
-    assert "kubernetes:core/v1:Namespace" in _platform_stack_resources(backend)
+        assert stacks[f"{OPERATOR_NAMESPACE}/team-{team}-handoff"]["status"]["outputs"] == {
+            "kubeconfig": "[secret]", "namespace": f"team-{team}"}
 
-    _pulumi(env, "preview", "--stack", "dev", "--expect-no-changes")
+    # alpha's app runs in its namespace, deployed through alpha's own kubeconfig.
+    app = stacks["team-alpha/team-alpha"]
+    assert app["spec"]["serviceAccountName"] == "team-alpha"
+    deployment = apps.read_namespaced_deployment(app["status"]["outputs"]["deployment"], "team-alpha")
+    assert deployment.status.ready_replicas == 2
+    assert core.read_namespaced_service(app["status"]["outputs"]["service"], "team-alpha")
+    # The boundary, as the app saw it and as a user sees it with alpha's kubeconfig.
+    assert app["status"]["outputs"]["outsideAccess"] == "list configmaps in default: 403 Forbidden"
+    handoff = core.read_namespaced_secret("team-alpha-handoff", OPERATOR_NAMESPACE).data
+    alpha = api_client(base64.b64decode(handoff["kubeconfig"]).decode())
+    try:
+        assert client.AppsV1Api(alpha).list_namespaced_deployment("team-alpha").items
+        with pytest.raises(client.ApiException) as refused:
+            client.CoreV1Api(alpha).create_namespaced_config_map("default", {"metadata": {"name": "alpha-was-here"}})
+        assert refused.value.status == 403
+    finally:
+        alpha.close()
 
-    pids = _platform_pids(state)
+    # No team namespace holds the shared passphrase: alpha gets its own, beta (no app) none.
+    shared = (home / "passphrase").read_text().strip()
+    alpha_passphrase = base64.b64decode(
+        core.read_namespaced_secret("strata-pulumi-passphrase", "team-alpha").data["passphrase"]).decode()
+    assert alpha_passphrase and alpha_passphrase != shared
+    assert "strata-pulumi-passphrase" not in {s.metadata.name for s in core.list_namespaced_secret("team-beta").items}
+    for namespace in ("team-alpha", "team-beta"):
+        for secret in core.list_namespaced_secret(namespace).items:
+            for value in (secret.data or {}).values():
+                assert shared not in base64.b64decode(value).decode(errors="replace")
+    api.close()
+
+    pids = platform_pids(state)
     assert pids, "no platform process was recorded"
-    _pulumi(env, "destroy", "--yes", "--stack", "dev", "--skip-preview")
-    assert _survivors(pids) == [], "destroy left local platform processes running"
-    # The platform Stack was finalized with destroyOnFinalize before the operator went away.
-    assert not [kind for kind in _platform_stack_resources(backend) if kind.startswith("kubernetes:")]
+    down = make("down", home, timeout=1200)
+    print(down.stdout[-4000:])
+    assert down.returncode == 0, down.stdout[-6000:]
+    assert "team-alpha/team-alpha: Deleting" in down.stdout  # each Stack's destroy is shown
+    assert survivors(pids) == [], "make down left local processes running"
+    assert not state.exists(), "make down left the platform state"
+    for project, stack in (("strata", "dev"), ("strata-platform", "dev"), ("strata-app-team", "alpha"),
+                           ("strata-team-handoff", "alpha"), ("strata-team-handoff", "beta")):
+        assert not [kind for kind in stack_resources(backend, project, stack) if not kind.startswith("pulumi:")], \
+            (project, stack)
+    assert (ROOT / "Pulumi.dev.yaml").read_text() == committed
+    assert not subprocess.run(["git", "status", "--porcelain", "--", "Pulumi.dev.yaml"], cwd=ROOT,
+                              capture_output=True, text=True).stdout
+
+
+def test_make_down_stops_at_a_stack_it_cannot_destroy_and_force_still_cleans_up(home):
+    up = make("up", home)
+    assert up.returncode == 0, up.stdout[-6000:]
+    state = home / "platform"
+    api = config.new_client_from_config(config_file=str(state / "kubeconfig"))
+    # beta's hand-off Stack can no longer be destroyed: the Secret its destroy needs is gone.
+    client.CoreV1Api(api).delete_namespaced_secret("team-beta-handoff", OPERATOR_NAMESPACE)
+    api.close()
+    pids = platform_pids(state)
+
+    started = time.monotonic()
+    blocked = make("down", home, timeout=1200)
+    print(blocked.stdout[-4000:])
+    assert blocked.returncode != 0
+    assert f"Stack {OPERATOR_NAMESPACE}/team-beta-handoff could not be destroyed (DestroyBlocked)" in blocked.stdout
+    assert "make down FORCE=1" in blocked.stdout
+    assert time.monotonic() - started < 900
+    assert survivors(pids) == [], "a blocked make down left local processes running"
+
+    forced = make("down", home, "FORCE=1", timeout=1200)
+    print(forced.stdout[-4000:])
+    assert forced.returncode == 0, forced.stdout[-6000:]
+    assert f"forced: removing the finalizer of Stack {OPERATOR_NAMESPACE}/team-beta-handoff" in forced.stdout
+    assert not platform_pids(state) and not state.exists()
