@@ -27,7 +27,9 @@ from typing import Any, Literal, Protocol
 from .redaction import REDACTOR, redact
 
 Operation = Literal["preview", "up", "refresh", "destroy", "outputs", "remove", "recover"]
-Outcome = Literal["succeeded", "failed", "conflict", "cancelled"]
+# "blocked": failed in a way that retrying cannot fix (a plugin missing everywhere, a backend directory
+# that cannot be created); the Stack waits for a change instead of retrying.
+Outcome = Literal["succeeded", "failed", "conflict", "cancelled", "blocked"]
 RESULT_PREFIX = "STRATA-RESULT "
 # Updates are CPU-bound: beyond about two per core they only add memory (measured with
 # benchmarks/fleet.py on 2 cores: 10 at once took 70 s and 1.7 GB for 50 Stacks, 4 took 66 s and 0.67 GB).

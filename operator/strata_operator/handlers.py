@@ -364,7 +364,8 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
         else:
             conflict = result.outcome == "conflict"
-            reason = st.STALLED_CONFLICT if conflict else st.STALLED_UPDATE_FAILED
+            reason = {"conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(result.outcome,
+                                                                                        st.STALLED_UPDATE_FAILED)
             fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, result.message,
                                                     result.permalink, _now())
             _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,

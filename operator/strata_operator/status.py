@@ -31,6 +31,9 @@ STALLED_UPDATE_FAILED = "UpdateFailed"
 STALLED_DESTROY_BLOCKED = "DestroyBlocked"
 # lastUpdate.reason of a run that died with the operator (not a Stack failure: resumed without backoff).
 UPDATE_INTERRUPTED = "UpdateInterrupted"
+# lastUpdate.reason of a run that failed in a way retrying cannot fix (engine outcome "blocked"): Stalled
+# at once, until the spec, the source or a reconcile request changes.
+UPDATE_BLOCKED = "UpdateBlocked"
 
 # Event reasons (PKO's names).
 EVENT_UPDATE_DETECTED = "StackUpdateDetected"

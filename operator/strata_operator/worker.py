@@ -233,6 +233,10 @@ def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> d
     return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": outputs}
 
 
+class UpdateBlocked(Exception):
+    """A failure that retrying cannot fix; the message names what to change."""
+
+
 def _file_backend_dir(env: dict[str, str]) -> Path | None:
     url = env.get("PULUMI_BACKEND_URL", "")
     if not url.startswith("file://"):
@@ -240,6 +244,23 @@ def _file_backend_dir(env: dict[str, str]) -> Path | None:
     parsed = urlparse(url)
     raw = unquote(parsed.netloc + parsed.path)
     return Path(os.path.expanduser(raw)).resolve() if raw not in ("", "~") else Path.home()
+
+
+def _ensure_file_backend(root: Path) -> None:
+    """Create a file:// backend's missing directory, private to the operator's user (as `make up` does
+    for its own); one that cannot be created blocks the Stack, named with the reason."""
+    if root.is_dir():
+        return
+    try:
+        root.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        if not root.is_dir():
+            raise UpdateBlocked(f"the file:// backend's directory {root} exists but is not a directory; remove "
+                                "it or point spec.backend elsewhere") from None
+    except OSError as err:
+        raise UpdateBlocked(f"cannot create the file:// backend's directory {root}: {err.strerror}; "
+                            f"create it for the operator's user (uid {os.getuid()}) or point spec.backend at a "
+                            "directory that user can write") from None
 
 
 def _stack_locks(root: Path, stack_name: str) -> list[Path]:
@@ -285,6 +306,9 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
     workdir = os.getcwd()
     operation = request["operation"]
     name = request["stack_name"]
+    backend = _file_backend_dir(dict(os.environ))
+    if backend is not None and operation in ("up", "preview", "refresh") and request["create"]:
+        _ensure_file_backend(backend)
     if operation in ("up", "preview"):
         # Only these run the program. HOME is the Stack's own directory (engine.worker_env).
         ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs")
@@ -375,22 +399,28 @@ def request_redactor(request: dict[str, Any]) -> Redactor:
     return redactor
 
 
+def failure_result(err: Exception, request: dict[str, Any]) -> dict[str, Any]:
+    """The result line for a failed operation: blocked when retrying cannot fix it, else failed or conflict."""
+    if isinstance(err, UpdateBlocked):
+        return {"outcome": "blocked", "message": str(err)}
+    if isinstance(err, ConcurrentUpdateError):
+        return {"outcome": "conflict", "message": _failure_message(err)}
+    if isinstance(err, CommandError):
+        message = _failure_message(err)
+        if _lost_checkpoint_race(message, request["stack_name"]):
+            return {"outcome": "conflict", "message": f"the stack is locked by another update ({message})"}
+        return {"outcome": "failed", "message": message}
+    return {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
+
+
 def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
     """Run one request as this process's only job; every failure comes back as a result, redacted."""
     redactor = request_redactor(request)
     _enter(request)
     try:
         result = _run(request, pulumi_command)
-    except ConcurrentUpdateError as err:
-        result = {"outcome": "conflict", "message": _failure_message(err)}
-    except CommandError as err:
-        message = _failure_message(err)
-        if _lost_checkpoint_race(message, request["stack_name"]):
-            result = {"outcome": "conflict", "message": f"the stack is locked by another update ({message})"}
-        else:
-            result = {"outcome": "failed", "message": message}
     except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
-        result = {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
+        result = failure_result(err, request)
     result["message"] = redactor.redact(result.get("message", ""))
     return result
 

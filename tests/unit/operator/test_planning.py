@@ -122,6 +122,18 @@ def test_an_interrupted_update_resumes_without_backoff():
     assert plan_stack(spec(), 1, Requests(), last, SHA, NOW, stall_after_failures=3).run == "up"
 
 
+def test_a_blocked_update_stalls_at_once_until_something_changes():
+    last = failed_update(None, run(), "UpdateBlocked", "the resource plugin flux v1.0.1 is missing", "",
+                         NOW - timedelta(days=3))
+    plan = plan_stack(spec(), 1, Requests(), last, SHA, NOW)
+    assert plan.run is None and plan.verdict.phase == "stalled" and plan.verdict.reason == "UpdateFailed"
+    assert plan.verdict.message.startswith("the resource plugin flux v1.0.1 is missing. Retrying cannot fix this")
+    assert "pulumi.com/reconciliation-request" in plan.verdict.message
+    assert plan_stack(spec(), 1, Requests(pulumi="fixed"), last, SHA, NOW).run == "up"
+    assert plan_stack(spec(), 2, Requests(), last, SHA, NOW).run == "up"
+    assert plan_stack(spec(), 1, Requests(), last, "c" * 40, NOW).run == "up"
+
+
 def test_failures_count_only_same_target():
     assert failed(3)["failures"] == 3
     again = failed_update(failed(3), run(gen=2), "UpdateFailed", "x", "", NOW)

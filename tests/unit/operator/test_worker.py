@@ -4,10 +4,11 @@ tests/engine/operator."""
 
 import json
 
+import pytest
 import yaml
 
-from strata_operator.worker import (KnownStack, _event_log_results, _holds_secret, _secrets_settings,
-                                    _write_stack_file, request_redactor)
+from strata_operator.worker import (KnownStack, UpdateBlocked, _ensure_file_backend, _event_log_results, _holds_secret,
+                                    _secrets_settings, _write_stack_file, failure_result, request_redactor)
 
 SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": '"[secret]"'}
 
@@ -100,3 +101,21 @@ def test_only_secret_values_are_redacted_plain_ones_stay_readable(tmp_path):
     text = request_redactor(request).redact(
         'unable to open "file:///srv/state" in eu-west-1 with config-canary-123 pass-canary-456 env-canary-789')
     assert text == 'unable to open "file:///srv/state" in eu-west-1 with [secret] [secret] [secret]'
+
+
+def test_an_uncreatable_backend_directory_blocks_naming_it_and_why(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(UpdateBlocked) as raised:
+        _ensure_file_backend(blocker / "state")
+    assert str(blocker / "state") in str(raised.value) and "Not a directory" in str(raised.value)
+    assert failure_result(raised.value, _request(tmp_path)) == {"outcome": "blocked", "message": str(raised.value)}
+    with pytest.raises(UpdateBlocked, match="exists but is not a directory"):
+        _ensure_file_backend(blocker)
+
+
+def test_a_missing_backend_directory_is_created_private(tmp_path):
+    root = tmp_path / "new" / "state"
+    _ensure_file_backend(root)
+    assert root.is_dir() and root.stat().st_mode & 0o777 == 0o700
+    _ensure_file_backend(root)  # there already: nothing to do
