@@ -1,9 +1,11 @@
-"""A team sandbox on a cluster you already have, built from Strata's components.
+"""A team sandbox on a cluster you already have, built from Strata's components (see README.md here:
+the cluster needs Strata's CRDs and a running operator).
 
-    pip install -r requirements.txt           # installs strata_components from this checkout
+    python -m venv venv && venv/bin/pip install -r requirements.txt   # strata_components from this checkout
     pulumi config set kubeconfigPath ~/.kube/config
     pulumi config set team demo
     pulumi config set --secret statePassphrase ...   # the sandbox Stack's passphrase secrets
+    pulumi config set backend file://~/.local/state/strata/examples   # optional: where the Stack's state lives
     pulumi up
 """
 
@@ -26,8 +28,10 @@ hello = Program("hello", {"namespace": team.namespace, "program": {
 # cannot even create the stack. The passphrase reaches the cluster only inside this Secret.
 passphrase = k8s.core.v1.Secret("hello-passphrase", metadata={"name": "hello-passphrase", "namespace": team.namespace},
                                 string_data={"passphrase": config.require_secret("statePassphrase")}, opts=kube)
+# The operator's own home (`~` is the operator's), which outlives its restarts; it creates the directory.
+backend = config.get("backend") or "file://~/.local/state/strata/examples"
 Stack("hello", {"namespace": team.namespace, "spec": {
-    "stack": "organization/hello/dev", "program_ref": {"name": "hello"}, "backend": "file:///tmp/strata-state",
+    "stack": "organization/hello/dev", "program_ref": {"name": "hello"}, "backend": backend,
     "env_refs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret",
                                               "secret": {"name": "hello-passphrase", "key": "passphrase"}}},
     "service_account_name": f"team-{team_name}"}},

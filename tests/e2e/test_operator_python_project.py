@@ -16,8 +16,6 @@ import pytest
 from kubernetes import client
 from requirements import missing_e2e_requirements
 
-from strata_components.local.operator_host import operator_host
-from strata_components.local.preflight import find_pulumi_with_python_host, plugin_dirs
 from strata_components.local.processes import wait_until
 
 MISSING = missing_e2e_requirements()
@@ -37,17 +35,6 @@ PROGRAM = textwrap.dedent("""\
                                       data={"written-by": "strata-e2e"})
     pulumi.export("configmap", configmap.metadata.name)
 """)
-
-
-@pytest.fixture(scope="module")
-def python_operator(platform, toolchain, tmp_path_factory):
-    cli = find_pulumi_with_python_host()
-    # The kubernetes plugin directory (its pinned version, else the newest; never pulumi's .lock files).
-    host = operator_host(platform, toolchain, tmp_path_factory.mktemp("e2e-operator"), pulumi=cli,
-                         plugin_dirs=(cli.parent, *plugin_dirs()), extra_args=("--verbose",))
-    host.start()
-    yield host
-    host.stop()
 
 
 def _stack(custom, namespace: str, name: str, url: str, backend: Path, target_namespace: str) -> None:
