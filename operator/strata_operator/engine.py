@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from .plugins import default_plugin_cache
 from .redaction import REDACTOR, redact
 
 Operation = Literal["preview", "up", "refresh", "destroy", "outputs", "remove", "recover"]
@@ -123,8 +124,11 @@ class EngineSettings:
     state_dir: Path = Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator"))
     concurrency: int = DEFAULT_CONCURRENCY
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
-    # Directories with language hosts and plugins (e.g. the toolchain's pulumi-language-yaml).
+    # Directories with language hosts and plugins (e.g. the toolchain's pulumi-language-yaml), or plugin
+    # install directories (resource-flux-v1.0.1), which are linked like the cache's.
     plugin_dirs: tuple[str, ...] = ()
+    # Provider plugins shared by every Stack, laid out like PULUMI_HOME/plugins (plugins.link_plugins).
+    plugin_cache: Path = dataclasses.field(default_factory=default_plugin_cache)
 
     def search_path(self) -> str:
         """The workers' PATH: the CLI's directory, the plugin directories, then the system's."""
@@ -274,6 +278,8 @@ class AutomationEngine:
             self._running[request.stack_key] = worker
             payload = json.loads(request.to_json(operation))
             payload["worker_env"] = self.worker_env(request)
+            payload["plugin_cache"] = str(self.settings.plugin_cache)
+            payload["plugin_dirs"] = list(self.settings.plugin_dirs)
             try:
                 stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
                                                 timeout=self.settings.timeout_seconds)

@@ -12,6 +12,7 @@ from pathlib import Path
 from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
 from .lease import DEFAULT_LEASE_NAME
 from .planning import DEFAULT_STALL_AFTER_FAILURES
+from .plugins import default_plugin_cache
 from .spec import MIN_RESYNC_SECONDS
 
 
@@ -24,7 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pulumi", default=os.environ.get("STRATA_PULUMI", ""),
                    help="path to the pulumi CLI (default: found on PATH)")
     p.add_argument("--plugin-dir", action="append", default=[],
-                   help="directory with language hosts/plugins to put on the updates' PATH (repeatable)")
+                   help="directory with language hosts/plugins to put on the updates' PATH, or a plugin install "
+                        "directory (resource-NAME-vVERSION) to share like the cache's (repeatable)")
+    p.add_argument("--plugin-cache", type=Path, default=default_plugin_cache(), metavar="DIR",
+                   help="provider plugins every Stack's updates see (read-only), laid out like PULUMI_HOME/plugins: "
+                        "fill it with `PULUMI_HOME=<its parent> pulumi plugin install ...` (default: "
+                        "$PULUMI_HOME/plugins, else ~/.pulumi/plugins; read before every update)")
     p.add_argument("--state-dir", type=Path,
                    default=Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator")),
                    help="where per-Stack workdirs and PULUMI_HOMEs live")
@@ -77,6 +83,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--concurrency must be at least 1")
     if args.min_resync_seconds < 1:
         raise SystemExit("--min-resync-seconds must be at least 1")
+    if args.plugin_cache.name != "plugins":
+        raise SystemExit(f"--plugin-cache {args.plugin_cache}: name the plugins directory of a PULUMI_HOME (e.g. "
+                         "/srv/pulumi/plugins), so that `PULUMI_HOME=/srv/pulumi pulumi plugin install ...` fills it")
     if args.kubeconfig:
         # Kopf's own login reads KUBECONFIG too; keep one source of truth.
         os.environ["KUBECONFIG"] = args.kubeconfig
@@ -90,7 +99,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[console])
     settings = OperatorSettings(
         engine=EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
-                              timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir)),
+                              timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
+                              plugin_cache=args.plugin_cache.expanduser().absolute()),
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
         allow_operator_refs=not args.no_operator_refs,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)

@@ -23,7 +23,12 @@ SKIPPED_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".pytest
 
 
 class PythonEnvError(Exception):
-    """Installing the program's requirements failed; the message carries pip's last lines."""
+    """Installing the program's requirements failed; the message carries pip's last lines, `output` all
+    of them (a plugin install that failed inside a package's build is further up)."""
+
+    def __init__(self, message: str, output: str = ""):
+        super().__init__(message)
+        self.output = output
 
 
 def project_file(project_dir: Path) -> Path | None:
@@ -125,4 +130,5 @@ def _run(command: list[str], what: str, timeout: float, cwd: Path | None = None)
         raise PythonEnvError(f"{what} took longer than {timeout:.0f}s") from None
     if done.returncode != 0:
         last = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise PythonEnvError(f"{what} failed (requirements.txt of the program): {last}")
+        raise PythonEnvError(f"{what} failed (requirements.txt of the program): {last}",
+                             output=f"{done.stdout}\n{done.stderr}")

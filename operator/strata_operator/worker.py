@@ -30,6 +30,7 @@ from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, Stack
                                       StackNotFoundError, create_command_error)
 
 from .engine import RESULT_PREFIX
+from .plugins import cached_plugins, link_plugins, missing_plugin, missing_plugin_advice
 from .pythonenv import ensure_virtualenv
 from .redaction import Redactor
 
@@ -306,6 +307,9 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
     workdir = os.getcwd()
     operation = request["operation"]
     name = request["stack_name"]
+    # Before anything runs the CLI: the virtualenv build may already need them (pulumi-flux's setup.py).
+    link_plugins(cached_plugins(Path(request["plugin_cache"]), request["plugin_dirs"]),
+                 Path(os.environ["PULUMI_HOME"]) / "plugins")
     backend = _file_backend_dir(dict(os.environ))
     if backend is not None and operation in ("up", "preview", "refresh") and request["create"]:
         _ensure_file_backend(backend)
@@ -405,6 +409,11 @@ def failure_result(err: Exception, request: dict[str, Any]) -> dict[str, Any]:
         return {"outcome": "blocked", "message": str(err)}
     if isinstance(err, ConcurrentUpdateError):
         return {"outcome": "conflict", "message": _failure_message(err)}
+    plugin = missing_plugin(f"{err}\n{getattr(err, 'output', '')}")
+    if plugin is not None:
+        cli_dir = os.environ.get("PATH", "").split(os.pathsep)[0]
+        return {"outcome": "blocked",
+                "message": missing_plugin_advice(plugin, Path(request["plugin_cache"]), cli_dir)}
     if isinstance(err, CommandError):
         message = _failure_message(err)
         if _lost_checkpoint_race(message, request["stack_name"]):

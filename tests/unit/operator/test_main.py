@@ -1,8 +1,10 @@
-"""The operator's entry point: its log lines."""
+"""The operator's entry point: its flags and log lines."""
 
 import logging
 
-from strata_operator.main import ObjectPrefixFormatter
+import pytest
+
+from strata_operator.main import ObjectPrefixFormatter, build_parser, run
 
 
 def test_kopf_object_records_are_prefixed_with_the_object():
@@ -14,3 +16,10 @@ def test_kopf_object_records_are_prefixed_with_the_object():
     assert record.msg == "reconciled"  # other handlers see the record unchanged
     record.k8s_ref = {"namespace": None, "name": "cluster-wide"}
     assert formatter.format(record) == "[cluster-wide] reconciled"
+
+
+def test_the_plugin_cache_defaults_to_the_operators_own_and_must_be_a_plugins_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path / "home"))
+    assert build_parser().parse_args([]).plugin_cache == tmp_path / "home" / "plugins"
+    with pytest.raises(SystemExit, match=r"--plugin-cache .*/cache: name the plugins directory of a PULUMI_HOME"):
+        run(["--plugin-cache", str(tmp_path / "cache")])

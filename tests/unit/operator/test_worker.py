@@ -103,6 +103,21 @@ def test_only_secret_values_are_redacted_plain_ones_stay_readable(tmp_path):
     assert text == 'unable to open "file:///srv/state" in eu-west-1 with [secret] [secret] [secret]'
 
 
+def test_a_missing_plugin_blocks_with_the_command_that_installs_it(tmp_path):
+    from strata_operator.pythonenv import PythonEnvError
+
+    pip = ("  subprocess.CalledProcessError: Command '['pulumi', 'plugin', 'install', 'resource', 'flux', '1.0.1', "
+           "'--server', 'github://api.github.com/oun']' returned non-zero exit status 255.\n"
+           "  ERROR: Failed building wheel for pulumi-flux\n  [end of output]\n" + "  noise\n" * 10)
+    err = PythonEnvError("installing requirements.txt failed (requirements.txt of the program): noise", output=pip)
+    result = failure_result(err, _request(tmp_path))
+    assert result["outcome"] == "blocked"
+    assert (f"PULUMI_HOME={tmp_path / 'pulumi'} pulumi plugin install resource flux 1.0.1 "
+            "--server github://api.github.com/oun") in result["message"]
+    unrelated = PythonEnvError("installing requirements.txt failed: no matching distribution for nosuch")
+    assert failure_result(unrelated, _request(tmp_path))["outcome"] == "failed"
+
+
 def test_an_uncreatable_backend_directory_blocks_naming_it_and_why(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
