@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from .plugins import default_plugin_cache
+from .plugins import ambient_plugins, ambient_plugin_dirs, cached_plugins, default_plugin_cache
 from .redaction import REDACTOR, redact
 
 Operation = Literal["preview", "up", "refresh", "destroy", "outputs", "remove", "recover"]
@@ -41,6 +41,7 @@ CANCEL_GRACE_SECONDS = 30.0
 NETWORK_SETTINGS = frozenset({
     "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
     "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_CERT", "PIP_FIND_LINKS"})
+SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Engine(Protocol):
 
 @dataclasses.dataclass
 class EngineSettings:
-    pulumi_command: str = ""  # path to the `pulumi` binary; empty: found on PATH
+    pulumi_command: str = ""  # path to the `pulumi` binary; empty: found on `host_path`
     state_dir: Path = Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator"))
     concurrency: int = DEFAULT_CONCURRENCY
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
@@ -129,14 +130,34 @@ class EngineSettings:
     plugin_dirs: tuple[str, ...] = ()
     # Provider plugins shared by every Stack, laid out like PULUMI_HOME/plugins (plugins.link_plugins).
     plugin_cache: Path = dataclasses.field(default_factory=default_plugin_cache)
+    # The operator's own PATH: the CLI is found on it, and its directories holding language hosts or
+    # plugins are passed on to updates (their environment is otherwise clean).
+    host_path: str = dataclasses.field(default_factory=lambda: os.environ.get("PATH", ""))
 
-    def search_path(self) -> str:
-        """The workers' PATH: the CLI's directory, the plugin directories, then the system's."""
-        found = self.pulumi_command or shutil.which("pulumi") or ""
+    def pulumi_cli(self) -> Path:
+        found = self.pulumi_command or shutil.which("pulumi", path=self.host_path) or ""
         if not found:
             raise EngineUnavailable("no `pulumi` CLI on PATH; install it or pass --pulumi /path/to/pulumi")
-        return os.pathsep.join([str(Path(found).absolute().parent), *self.plugin_dirs,
-                                "/usr/local/bin", "/usr/bin", "/bin"])
+        return Path(found).absolute()
+
+    def search_path(self) -> str:
+        """The workers' PATH: the CLI's directory, the plugin directories, the operator's PATH directories
+        that hold language hosts or plugins, then the system's."""
+        own = [str(self.pulumi_cli().parent), *self.plugin_dirs]
+        return os.pathsep.join(dict.fromkeys([*own, *ambient_plugin_dirs(self.host_path), *SYSTEM_PATH]))
+
+    def summary(self) -> str:
+        """One line: the CLI, language hosts and plugins updates will use, and where each comes from."""
+        found = ambient_plugins(self.search_path().split(os.pathsep))
+        hosts = [f"{name.removeprefix('pulumi-language-')} ({path.parent})" for name, path in found.items()
+                 if name.startswith("pulumi-language-")]
+        ambient = [f"{name} ({path.parent})" for name, path in found.items()
+                   if not name.startswith("pulumi-language-")]
+        shared = cached_plugins(self.plugin_cache, self.plugin_dirs)
+        cached = [f"{name} ({path.parent})" for name, path in shared.items()]
+        return (f"updates use the pulumi CLI {self.pulumi_cli()}; language hosts: {', '.join(hosts) or 'none'}; "
+                f"plugins linked into every Stack's PULUMI_HOME from the cache {self.plugin_cache} and --plugin-dir: "
+                f"{', '.join(cached) or 'none'}; plugins on PATH: {', '.join(ambient) or 'none'}")
 
 
 class EngineUnavailable(RuntimeError):

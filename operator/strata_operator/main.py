@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
+from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings, EngineUnavailable
 from .lease import DEFAULT_LEASE_NAME
 from .planning import DEFAULT_STALL_AFTER_FAILURES
 from .plugins import default_plugin_cache
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="path to the pulumi CLI (default: found on PATH)")
     p.add_argument("--plugin-dir", action="append", default=[],
                    help="directory with language hosts/plugins to put on the updates' PATH, or a plugin install "
-                        "directory (resource-NAME-vVERSION) to share like the cache's (repeatable)")
+                        "directory (resource-NAME-vVERSION) to share like the cache's (repeatable); the operator's "
+                        "PATH directories holding pulumi-language-*/pulumi-resource-* are passed on too")
     p.add_argument("--plugin-cache", type=Path, default=default_plugin_cache(), metavar="DIR",
                    help="provider plugins every Stack's updates see (read-only), laid out like PULUMI_HOME/plugins: "
                         "fill it with `PULUMI_HOME=<its parent> pulumi plugin install ...` (default: "
@@ -97,10 +98,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     console = logging.StreamHandler()
     console.setFormatter(ObjectPrefixFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[console])
+    engine = EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
+                            timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
+                            plugin_cache=args.plugin_cache.expanduser().absolute())
+    try:
+        logging.getLogger("strata_operator").info("%s", engine.summary())
+    except EngineUnavailable as err:
+        logging.getLogger("strata_operator").error("%s", err)
     settings = OperatorSettings(
-        engine=EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
-                              timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
-                              plugin_cache=args.plugin_cache.expanduser().absolute()),
+        engine=engine,
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
         allow_operator_refs=not args.no_operator_refs,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)

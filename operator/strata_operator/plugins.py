@@ -25,6 +25,8 @@ KINDS = ("analyzer", "language", "resource", "converter", "tool")
 # A plugin install directory, as `pulumi plugin install` names it: KIND-NAME-vVERSION.
 _INSTALL_DIR = re.compile(r"^(?P<kind>analyzer|language|resource|converter|tool)-"
                           r"(?P<name>[A-Za-z0-9-][A-Za-z0-9-_.]*[A-Za-z0-9])-v(?P<version>\d[^/]*)$")
+# An executable plugin the CLI finds on PATH ("ambient"): pulumi-KIND-NAME.
+_EXECUTABLE = re.compile(r"^pulumi-(?P<kind>analyzer|language|resource|converter|tool)-(?P<name>[A-Za-z0-9-_.]+)$")
 # Where a link directory is assembled before it is renamed into place; the CLI ignores dot names.
 _STAGING_PREFIX = ".strata-link-"
 
@@ -129,6 +131,27 @@ def _place(dest: Path, source: Path) -> None:
                 raise  # not a concurrent run that placed it first
     finally:
         _remove(staging)
+
+
+def ambient_plugin_dirs(search_path: str) -> list[str]:
+    """The directories of `search_path` (a PATH value) that hold language hosts or plugins, in order."""
+    found = []
+    for directory in dict.fromkeys(d for d in search_path.split(os.pathsep) if d):
+        if ambient_plugins([directory]):
+            found.append(directory)
+    return found
+
+
+def ambient_plugins(directories: Iterable[str]) -> dict[str, Path]:
+    """Executable `pulumi-KIND-NAME` files in `directories`, first one of each name winning, as on PATH."""
+    found: dict[str, Path] = {}
+    for directory in directories:
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+                if (_EXECUTABLE.match(entry.name) and not entry.name.endswith("-exec")
+                        and entry.name not in found and os.access(entry.path, os.X_OK) and not entry.is_dir()):
+                    found[entry.name] = Path(entry.path)
+    return found
 
 
 # --- a plugin that is missing everywhere --------------------------------------------------------

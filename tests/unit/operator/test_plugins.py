@@ -1,5 +1,5 @@
-"""The plugins every update sees: the shared cache linked into each Stack's PULUMI_HOME, and a plugin
-missing everywhere turned into the command that installs it."""
+"""The plugins every update sees: the shared cache linked into each Stack's PULUMI_HOME, PATH plugins,
+and a plugin missing everywhere turned into the command that installs it."""
 
 import os
 import threading
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.plugins import (MissingPlugin, cached_plugins, default_plugin_cache, link_plugins,
-                                     missing_plugin, missing_plugin_advice)
+from strata_operator.plugins import (MissingPlugin, ambient_plugin_dirs, ambient_plugins, cached_plugins,
+                                     default_plugin_cache, link_plugins, missing_plugin, missing_plugin_advice)
 
 FLUX = "resource-flux-v1.0.1"
 
@@ -21,6 +21,14 @@ def plugin(root: Path, name: str, files: dict[str, str] | None = None) -> Path:
         (directory / file).write_text(text)
         (directory / file).chmod(0o755)
     return directory
+
+
+def executable(directory: Path, name: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
 
 
 def test_the_default_cache_is_the_operators_own_plugin_directory(monkeypatch, tmp_path):
@@ -113,6 +121,23 @@ def test_concurrent_runs_each_see_the_plugin_whole(tmp_path):
         thread.join()
     assert not errors
     assert sorted(os.listdir(home)) == [FLUX]
+
+
+def test_path_directories_with_language_hosts_or_plugins_are_found_in_order(tmp_path):
+    hosts = tmp_path / "hosts"
+    executable(hosts, "pulumi-language-yaml")
+    executable(hosts, "pulumi-language-python-exec")  # the Python host's helper, not a host
+    later = tmp_path / "later"
+    executable(later, "pulumi-language-yaml")
+    executable(later, "pulumi-resource-kubernetes")
+    plain = tmp_path / "plain"
+    executable(plain, "kubectl")
+    (plain / "pulumi-resource-notexecutable").write_text("")
+    path = os.pathsep.join([str(plain), str(hosts), str(tmp_path / "absent"), str(later), str(hosts)])
+    assert ambient_plugin_dirs(path) == [str(hosts), str(later)]
+    assert ambient_plugins([str(hosts), str(later)]) == {
+        "pulumi-language-yaml": hosts / "pulumi-language-yaml",
+        "pulumi-resource-kubernetes": later / "pulumi-resource-kubernetes"}
 
 
 # The texts below are the real messages: pulumi 3.259's engine, and pip building pulumi-flux 1.0.1's sdist.
