@@ -400,6 +400,11 @@ def request_redactor(request: dict[str, Any]) -> Redactor:
     redactor = Redactor()
     env = request["env"]
     redactor.add(*request["secret_config"].values(), *(env[name] for name in request["secret_env"] if name in env))
+    if "PULUMI_BACKEND_URL" in request["secret_env"]:
+        # Errors name a file backend's directory, not its URL: from a secret URL, that is secret too.
+        url = request["worker_env"].get("PULUMI_BACKEND_URL", "")
+        root = _file_backend_dir({"PULUMI_BACKEND_URL": url})
+        redactor.add(url.removeprefix("file://"), str(root) if root else "")
     return redactor
 
 

@@ -90,7 +90,7 @@ def test_known_stack_record_is_per_backend_and_stack(tmp_path):
 
 def _request(tmp_path, **extra):
     return {"stack_name": "dev", "plugin_cache": str(tmp_path / "pulumi" / "plugins"), "secret_config": {},
-            "env": {}, "secret_env": [], **extra}
+            "env": {}, "worker_env": {}, "secret_env": [], **extra}
 
 
 def test_only_secret_values_are_redacted_plain_ones_stay_readable(tmp_path):
@@ -101,6 +101,14 @@ def test_only_secret_values_are_redacted_plain_ones_stay_readable(tmp_path):
     text = request_redactor(request).redact(
         'unable to open "file:///srv/state" in eu-west-1 with config-canary-123 pass-canary-456 env-canary-789')
     assert text == 'unable to open "file:///srv/state" in eu-west-1 with [secret] [secret] [secret]'
+
+
+def test_a_backend_url_from_a_secret_keeps_its_directory_secret_too(tmp_path):
+    url = (tmp_path / "secret-canary-dir" / "..x" / "state").as_uri()
+    request = _request(tmp_path, env={"PULUMI_BACKEND_URL": url}, worker_env={"PULUMI_BACKEND_URL": url},
+                       secret_env=["PULUMI_BACKEND_URL"])
+    text = request_redactor(request).redact(f"cannot create the directory {tmp_path}/secret-canary-dir/..x/state")
+    assert "secret-canary-dir" not in text
 
 
 def test_a_missing_plugin_blocks_with_the_command_that_installs_it(tmp_path):
