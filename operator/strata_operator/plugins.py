@@ -26,7 +26,7 @@ KINDS = ("analyzer", "language", "resource", "converter", "tool")
 _INSTALL_DIR = re.compile(r"^(?P<kind>analyzer|language|resource|converter|tool)-"
                           r"(?P<name>[A-Za-z0-9-][A-Za-z0-9-_.]*[A-Za-z0-9])-v(?P<version>\d[^/]*)$")
 # An executable plugin the CLI finds on PATH ("ambient"): pulumi-KIND-NAME.
-_EXECUTABLE = re.compile(r"^pulumi-(?P<kind>analyzer|language|resource|converter|tool)-(?P<name>[A-Za-z0-9-_.]+)$")
+_EXECUTABLE = re.compile(r"^pulumi-(?:analyzer|language|resource|converter|tool)-[A-Za-z0-9-_.]+$")
 # Where a link directory is assembled before it is renamed into place; the CLI ignores dot names.
 _STAGING_PREFIX = ".strata-link-"
 
@@ -43,18 +43,17 @@ def is_install_dir(path: Path) -> bool:
             and not path.with_name(path.name + ".partial").exists())
 
 
-def cached_plugins(cache: Path | None, install_dirs: Iterable[str | Path] = ()) -> dict[str, Path]:
+def cached_plugins(cache: Path, install_dirs: Iterable[str | Path] = ()) -> dict[str, Path]:
     """The plugins every update gets, by install directory name: those given as directories first,
     then the cache's (a missing cache holds none)."""
     found: dict[str, Path] = {}
     for directory in map(Path, install_dirs):
         if is_install_dir(directory):
             found.setdefault(directory.name, directory.resolve())
-    if cache is not None:
-        with contextlib.suppress(OSError):
-            for entry in sorted(cache.iterdir()):
-                if is_install_dir(entry):
-                    found.setdefault(entry.name, entry.resolve())
+    with contextlib.suppress(OSError):
+        for entry in sorted(cache.iterdir()):
+            if is_install_dir(entry):
+                found.setdefault(entry.name, entry.resolve())
     return found
 
 
@@ -62,7 +61,10 @@ def _is_link_dir(path: Path) -> bool:
     """A directory made by `link_plugins`: nothing in it but symlinks (a Stack's own install has files)."""
     if path.is_symlink() or not path.is_dir():
         return False
-    entries = list(path.iterdir())
+    try:
+        entries = list(path.iterdir())
+    except OSError:  # replaced by a concurrent run just now
+        return False
     return bool(entries) and all(entry.is_symlink() for entry in entries)
 
 
@@ -100,8 +102,11 @@ def link_plugins(plugins: Mapping[str, Path], plugins_dir: Path) -> list[str]:
         _place(dest, source)
         linked.append(name)
     for entry in plugins_dir.iterdir():
-        if entry.name not in plugins and _is_link_dir(entry) and not any(link.exists() for link in entry.iterdir()):
-            _remove(entry)
+        if entry.name in plugins or entry.name.startswith(_STAGING_PREFIX) or not _is_link_dir(entry):
+            continue  # a shared plugin, one being placed, or the Stack's own
+        with contextlib.suppress(OSError):  # removed by a concurrent run just now
+            if not any(link.exists() for link in entry.iterdir()):
+                _remove(entry)
     return linked
 
 
@@ -118,8 +123,9 @@ def _place(dest: Path, source: Path) -> None:
     try:
         for entry in source.iterdir():
             (staging / entry.name).symlink_to(entry)
-        if dest.is_symlink() or dest.exists():
-            # An outdated link: moved aside first (a non-empty directory cannot be renamed over).
+        if dest.is_symlink() or (_is_link_dir(dest) and not _links_to(dest, source)):
+            # An outdated link: moved aside first (a non-empty directory cannot be renamed over). One
+            # that a concurrent run placed meanwhile is current, and stays.
             retired = dest.with_name(f"{_STAGING_PREFIX}old-{dest.name}-{uuid.uuid4().hex[:8]}")
             with contextlib.suppress(FileNotFoundError):
                 dest.rename(retired)
