@@ -175,18 +175,37 @@ def known_salt(home: DevHome, project: str) -> str | None:
     return checkpoint_salt(checkpoint) if checkpoint else None
 
 
-def expected_stacks(stack_config: dict[str, Any]) -> list[str]:
-    """namespace/name of every Stack the dev stack's layers create: the platform Stack, each team's
-    hand-off Stack, and the app Stack of each team with a program (`dir` or `repo`)."""
+def expected_objects(stack_config: dict[str, Any], project: Path) -> list[str]:
+    """Keys (as stackwatch names them) of what the dev stack's layers create and must see Ready: the
+    platform Stack, each team's hand-off Stack, the app Stack of each team with a program of the
+    platform's (`dir` or `repo`), Flux's Kustomization, and every Stack in the directory it syncs."""
     config = stack_config.get("config") or {}
-    if not config.get("strata:platform"):
-        return []
-    namespace = (config.get("strata:operator") or {}).get("namespace", OPERATOR_NAMESPACE_DEFAULT)
-    keys = [f"{namespace}/strata-platform"]
-    for team in config.get("strata:teams") or []:
-        keys.append(f"{namespace}/team-{team['name']}-handoff")
-        if "dir" in team or "repo" in team:
-            keys.append(f"team-{team['name']}/team-{team['name']}")
+    keys = []
+    if config.get("strata:platform"):
+        namespace = (config.get("strata:operator") or {}).get("namespace", OPERATOR_NAMESPACE_DEFAULT)
+        keys.append(f"{namespace}/strata-platform")
+        for team in config.get("strata:teams") or []:
+            keys.append(f"{namespace}/team-{team['name']}-handoff")
+            if "dir" in team or "repo" in team:
+                keys.append(f"team-{team['name']}/team-{team['name']}")
+    flux = config.get("strata:flux") or {}
+    sync = flux.get("sync")
+    if sync is not None:
+        namespace = flux.get("namespace", "flux-system")
+        keys.append(f"kustomization {namespace}/{namespace}")
+        if "url" not in sync:  # this project's own directory: its Stacks are known here
+            keys += synced_stacks(project / sync.get("path", "."))
+    return keys
+
+
+def synced_stacks(directory: Path) -> list[str]:
+    """namespace/name of the Stack manifests in a directory Flux syncs."""
+    keys = []
+    for path in sorted(directory.rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if isinstance(document, dict) and document.get("kind") == "Stack":
+                meta = document.get("metadata") or {}
+                keys.append(f"{meta.get('namespace', 'default')}/{meta.get('name', '')}")
     return keys
 
 
@@ -227,7 +246,7 @@ class PulumiRun:
                     f"existing {STACK} stack in {self.home.backend_url} (it was made with another passphrase). "
                     f"Way out: run `make down` with the old passphrase (PULUMI_CONFIG_PASSPHRASE=<old> make down), "
                     f"or remove the stale stack with `PULUMI_BACKEND_URL={self.home.backend_url} pulumi stack rm "
-                    f"{STACK} --force --yes` (its local processes: `strata local --state-dir "
+                    f"{STACK} --force --yes --preserve-config` (its local processes: `strata local --state-dir "
                     f"{self.home.platform_dir} down`)")
         return f"`{command}` failed (exit {code}); its output is above"
 
@@ -257,7 +276,8 @@ def _describe(home: DevHome, say: Say) -> None:
     say(f"  config:     {home.stack_config} (from Pulumi.{STACK}.yaml)")
 
 
-def up(project: Path, home: DevHome | None = None, timeout: float = DEFAULT_UP_TIMEOUT, say: Say = stderr_say) -> None:
+def up(project: Path, home: DevHome | None = None, timeout: float = DEFAULT_UP_TIMEOUT,
+       say: Say = stderr_say) -> None:
     missing = missing_dev_stack_requirements()
     if missing:
         raise DevStackError("the dev stack needs: " + "; ".join(missing))
@@ -269,33 +289,45 @@ def up(project: Path, home: DevHome | None = None, timeout: float = DEFAULT_UP_T
     say(f"==> pulumi up of the {STACK} stack")
     run("up", "--stack", STACK, "--config-file", str(home.stack_config), "--yes", "--skip-preview",
         "--non-interactive")
-    expected = expected_stacks(stack_config)
+    expected = expected_objects(stack_config, project)
     kubeconfig = home.platform_dir / "kubeconfig"
-    if expected:
-        say(f"==> waiting until every Stack is Ready (timeout {format_seconds(timeout)}): {', '.join(expected)}")
-        reader = stackwatch.StackReader(kubeconfig)
-        try:
-            verdict, states = stackwatch.watch(reader.list, stackwatch.ready_verdict, expected=expected,
+    reader = stackwatch.StackReader(kubeconfig)
+    try:
+        if expected:
+            say(f"==> waiting until every Stack and Kustomization is Ready (timeout {format_seconds(timeout)}): "
+                f"{', '.join(expected)}")
+            verdict, states = stackwatch.watch(reader.list_with_flux, stackwatch.ready_verdict, expected=expected,
                                                timeout=timeout, say=say)
-        finally:
-            reader.close()
-        if verdict.failed:
-            failed = verdict.failed[0]
-            raise DevStackError(f"Stack {failed.key} is Stalled ({failed.reason}): {failed.message}\n"
-                                f"Fix the cause, then `make up` again; see it with `kubectl describe stack -n "
-                                f"{failed.key.replace('/', ' ')}` (KUBECONFIG={kubeconfig}).")
-        if not verdict.done:
-            waiting = [state.line().strip() for state in states.values() if state.state != "Ready"]
-            raise DevStackError(f"not every Stack was Ready after {format_seconds(timeout)}:\n  "
-                                + "\n  ".join(waiting) + "\nRaise the limit with `make up TIMEOUT=<seconds>`.")
-    say(f"==> the {STACK} stack is up in {format_seconds(time.monotonic() - started)}: "
-        f"{len(expected)} Stack(s) Ready")
+            _raise_unless_ready(verdict, states, timeout, kubeconfig)
+        flux = stackwatch.flux_lines(reader.flux_sources_and_kustomizations())
+    finally:
+        reader.close()
+    stacks = len([key for key in expected if " " not in key])
+    say(f"==> the {STACK} stack is up in {format_seconds(time.monotonic() - started)}: {stacks} Stack(s) Ready")
+    if flux:
+        say("  Flux sources and Kustomizations (as `flux get all -A`):")
+        for line in flux:
+            say(line)
     _describe(home, say)
     toolchain_path = os.pathsep.join(str(d) for d in installed().bin_dirs)
     say(f"  export KUBECONFIG={kubeconfig}")
-    say(f"  export PATH={toolchain_path}:$PATH   # kubectl and flux tools of the toolchain")
+    say(f"  export PATH={toolchain_path}:$PATH   # the toolchain's kubectl")
     say("  kubectl get stacks -A        # every layer's Stack")
     say("  make down                    # destroy it all, local processes included")
+
+
+def _raise_unless_ready(verdict: stackwatch.Verdict, states: Mapping[str, stackwatch.StackState], timeout: float,
+                        kubeconfig: Path) -> None:
+    if verdict.failed:
+        failed = verdict.failed[0]
+        kind, _, where = failed.key.rpartition(" ")
+        raise DevStackError(f"{kind or 'Stack'} {where} is Stalled ({failed.reason}): {failed.message}\n"
+                            f"Fix the cause, then `make up` again; see it with `kubectl describe {kind or 'stack'} -n "
+                            f"{where.replace('/', ' ')}` (KUBECONFIG={kubeconfig}).")
+    if not verdict.done:
+        waiting = [state.line().strip() for state in states.values() if state.state != "Ready"]
+        raise DevStackError(f"not everything was Ready after {format_seconds(timeout)}:\n  "
+                            + "\n  ".join(waiting) + "\nRaise the limit with `make up TIMEOUT=<seconds>`.")
 
 
 def down(project: Path, home: DevHome | None = None, force: bool = False,
@@ -328,7 +360,8 @@ def down(project: Path, home: DevHome | None = None, force: bool = False,
         if not force:
             raise
         say(f"  forced: the destroy failed; removing the {STACK} stack's state ({home.backend_url})")
-        run("stack", "rm", STACK, "--force", "--yes", "--non-interactive", show=False)
+        # --preserve-config: `stack rm` would otherwise delete the tracked Pulumi.dev.yaml.
+        run("stack", "rm", STACK, "--force", "--yes", "--preserve-config", "--non-interactive", show=False)
         done = True
     finally:
         # Whatever happened, no process is left; the platform's state goes once nothing needs it again.
