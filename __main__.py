@@ -1,4 +1,4 @@
-"""Strata bootstrap: Cluster -> Flux -> Operator -> the platform Stack, all from config.
+"""Strata bootstrap: Cluster -> Flux -> Operator -> the platform Stack -> Flux's sync, all from config.
 
 Only this program reads config; strata_components.bootstrap_config turns it into typed component
 args. See Pulumi.dev.yaml for the keys.
@@ -13,10 +13,10 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from strata_components.bootstrap_config import (cluster_args, flux_args, operator_args, platform_stack_spec,
-                                                project_repo_args)
+from strata_components.bootstrap_config import (cluster_args, flux_args, flux_sync_args, operator_args,
+                                                platform_stack_spec, project_repo_args)
 from strata_components.cluster import Cluster
-from strata_components.flux import Flux
+from strata_components.flux import Flux, FluxSync
 from strata_components.layers import PASSPHRASE_SECRET, this_stack
 from strata_components.local.preflight import operator_engine_flags
 from strata_components.operator import Operator
@@ -30,7 +30,8 @@ teams = config.get_object("teams") or []
 cluster_config = cluster_args(config.get_object("cluster") or {})
 cluster = Cluster("strata", cluster_config)
 local_platform = cluster.local_platform
-flux = Flux("flux", flux_args(config.get_object("flux") or {}, cluster.provider, cluster_config,
+flux_settings = config.get_object("flux") or {}
+flux = Flux("flux", flux_args(flux_settings, cluster.provider, cluster_config,
                               bundle_url=local_platform.flux_bundle_url if local_platform else None))
 operator_config = operator_args(config.get_object("operator") or {}, cluster.provider, cluster_config,
                                 server=cluster.server,
@@ -39,6 +40,11 @@ operator_config = operator_args(config.get_object("operator") or {}, cluster.pro
                                 command=[sys.executable, "-m", "strata_operator", *operator_engine_flags()])
 operator = Operator("operator", operator_config, pulumi.ResourceOptions(depends_on=[flux]))
 
+# What the sync must outlive: it comes down first, so the Stacks Flux synced are destroyed by the
+# operator while the operator and the team environments they run in are still there.
+before_sync: list[pulumi.Resource] = [flux, operator]
+project_repo: pulumi.Input[str] | None = None
+substitute: dict[str, pulumi.Input[str]] = {}
 if platform_settings:
     published = None
     repo_args = project_repo_args(platform_settings, cluster_config, local_platform.git_url if local_platform else None,
@@ -60,8 +66,19 @@ if platform_settings:
     kube = pulumi.ResourceOptions(provider=cluster.provider, depends_on=[operator])
     secret = k8s.core.v1.Secret("platform-passphrase", metadata={"name": PASSPHRASE_SECRET, "namespace": namespace},
                                 string_data={"passphrase": passphrase}, opts=kube)
-    Stack("platform", {"namespace": namespace, "name": "strata-platform", "spec": spec},
-          pulumi.ResourceOptions(provider=cluster.provider, depends_on=[operator, secret]))
+    platform_stack = Stack("platform", {"namespace": namespace, "name": "strata-platform", "spec": spec},
+                           pulumi.ResourceOptions(provider=cluster.provider, depends_on=[operator, secret]))
+    before_sync.append(platform_stack)
+    project_repo = spec["project_repo"]
+    # What differs per cluster stays out of the synced manifests: Flux fills it in.
+    substitute = {"STRATA_PROJECT_REPO": spec["project_repo"],
+                  "STRATA_PROJECT_BRANCH": platform_settings.get("branch", "main")}
+    if "backend" in spec:
+        substitute["STRATA_BACKEND"] = spec["backend"]
+
+sync_args = flux_sync_args(flux_settings, cluster.provider, project_repo, substitute)
+if sync_args is not None:
+    FluxSync("flux-sync", sync_args, pulumi.ResourceOptions(depends_on=before_sync))
 
 pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("server", cluster.server)

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from .cluster import DEFAULT_HOST_CONTROLLERS, ClusterArgs
-from .flux import FluxArgs
+from .flux import FluxArgs, FluxSyncComponentArgs
 from .layers import PASSPHRASE_SECRET
 from .operator import OperatorArgs
 from .project_repo import ProjectRepoArgs
@@ -65,12 +65,23 @@ def flux_args(settings: dict[str, Any], provider: k8s.Provider, cluster: Cluster
         args["baseurl"] = baseurl
     if cluster["mode"] == "local":
         args["host_controllers"] = cluster["local"]["host_controllers"]
-    if "sync" in settings:
-        sync = settings["sync"]
-        if "url" not in sync:
-            raise ValueError("strata:flux.sync needs `url` (the git repository Flux syncs from)")
-        args["sync"] = {"url": sync["url"], "branch": sync.get("branch", "main"), "path": sync.get("path", "./")}
     return args
+
+
+def flux_sync_args(settings: dict[str, Any], provider: k8s.Provider, project_repo: pulumi.Input[str] | None,
+                   substitute: dict[str, pulumi.Input[str]]) -> FluxSyncComponentArgs | None:
+    """`strata:flux.sync` -> what Flux syncs after the bootstrap: `path` of `url` (default: this project's
+    repository, `project_repo`, as the platform Stack gets it), with `substitute` filled into the
+    manifests. None without `sync`."""
+    sync = settings.get("sync")
+    if sync is None:
+        return None
+    url = sync.get("url", project_repo)
+    if url is None:
+        raise ValueError("strata:flux.sync needs `url` (the git repository Flux syncs from) unless the local "
+                         "platform publishes this project (local cluster mode with strata:platform)")
+    return {"provider": provider, "url": url, "branch": sync.get("branch", "main"), "path": sync.get("path", "./"),
+            "namespace": settings.get("namespace", "flux-system"), "substitute": substitute}
 
 
 def operator_args(settings: dict[str, Any], provider: k8s.Provider, cluster: ClusterArgs,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 import pulumi
@@ -28,7 +28,7 @@ VERSION_PATTERN = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
 
 
 class FluxSyncArgs(TypedDict):
-    url: str
+    url: pulumi.Input[str]
     """Git repository URL Flux syncs from (http(s):// or ssh://)."""
     branch: NotRequired[str]
     """Branch to follow (default main)."""
@@ -38,6 +38,19 @@ class FluxSyncArgs(TypedDict):
     """How often Flux fetches the repository (default 1)."""
     secret_name: NotRequired[str]
     """Name of an existing Secret in the Flux namespace with the git credentials."""
+    substitute: NotRequired[Mapping[str, pulumi.Input[str]]]
+    """Variables the Kustomization fills into the synced manifests (`${NAME}`, Flux's postBuild
+    substitution): what differs per cluster (git server URL, state backend) stays out of git."""
+    timeout: NotRequired[str]
+    """How long the Kustomization waits for what it applied to be healthy, and on deletion for what it
+    pruned to be gone (default 5m)."""
+
+
+class FluxSyncComponentArgs(FluxSyncArgs):
+    provider: k8s.Provider
+    """Provider of the cluster Flux runs on."""
+    namespace: NotRequired[str]
+    """Namespace of Flux and of the GitRepository and Kustomization (default flux-system)."""
 
 
 class FluxArgs(TypedDict):
@@ -88,6 +101,22 @@ def validate_flux_args(args: FluxArgs) -> None:
         if elsewhere:
             raise ValueError(f"flux components {elsewhere} would be scheduled on kwok nodes where nothing runs; "
                              f"remove them from `components` or run them on the host (`host_controllers`)")
+
+
+def build_sync_manifests(content: str, substitute: Mapping[str, str] | None = None,
+                         timeout: str = "5m") -> list[dict[str, Any]]:
+    """`get_flux_sync`'s GitRepository and Kustomization. The Kustomization prunes what leaves git,
+    waits for what it applies to be healthy (kstatus), fills `substitute` in as postBuild variables,
+    and, when deleted, waits until what it pruned is gone (`WaitForTermination`): a Stack it synced
+    is destroyed by the operator before whatever comes down after the sync."""
+    documents = [document for document in yaml.safe_load_all(content) if document]
+    for document in documents:
+        if document.get("kind") == "Kustomization":
+            spec = document.setdefault("spec", {})
+            spec.update(prune=True, wait=True, timeout=timeout, deletionPolicy="WaitForTermination")
+            if substitute:
+                spec.setdefault("postBuild", {})["substitute"] = dict(substitute)
+    return documents
 
 
 def _selects(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
@@ -149,15 +178,32 @@ class Flux(pulumi.ComponentResource):
             f"{name}-install", objs=manifests.apply(lambda m: m.resources),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[crds])))
         if "sync" in args:
-            sync = args["sync"]
-            rendered = flux.get_flux_sync_output(
-                target_path=sync.get("path", "./"), url=sync["url"], branch=sync.get("branch", "main"),
-                name=namespace, namespace=namespace, interval=sync.get("interval_minutes", 1),
-                secret=sync.get("secret_name"), opts=pulumi.InvokeOptions(parent=self))
-            k8s.yaml.v2.ConfigGroup(
-                f"{name}-sync", yaml=rendered.content,
-                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[controllers])))
+            FluxSync(f"{name}-sync", {**args["sync"], "provider": args["provider"], "namespace": namespace},
+                     pulumi.ResourceOptions(parent=self, depends_on=[controllers]))
         self.namespace = pulumi.Output.from_input(namespace)
         self.version = pulumi.Output.from_input(args["version"])
         self.host_run = manifests.apply(lambda m: m.host_run)
         self.register_outputs({"namespace": self.namespace, "version": self.version, "host_run": self.host_run})
+
+
+class FluxSync(pulumi.ComponentResource):
+    """Flux syncing a directory of a git repository: a GitRepository and a Kustomization named after
+    the Flux namespace, as `flux bootstrap` makes them. Created apart from `Flux` where it must come
+    down first (see `build_sync_manifests`): give it `depends_on` what it must outlive."""
+
+    kustomization: pulumi.Output[str]
+    """namespace/name of the Kustomization."""
+
+    def __init__(self, name: str, args: FluxSyncComponentArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("strata:index:FluxSync", name, {}, opts)
+        namespace = args.get("namespace", "flux-system")
+        rendered = flux.get_flux_sync_output(
+            target_path=args.get("path", "./"), url=args["url"], branch=args.get("branch", "main"),
+            name=namespace, namespace=namespace, interval=args.get("interval_minutes", 1),
+            secret=args.get("secret_name"), opts=pulumi.InvokeOptions(parent=self))
+        documents = pulumi.Output.all(rendered.content, args.get("substitute") or {}).apply(
+            lambda values: build_sync_manifests(values[0], values[1], args.get("timeout", "5m")))
+        k8s.yaml.v2.ConfigGroup(name, objs=documents, opts=pulumi.ResourceOptions(parent=self,
+                                                                                   provider=args["provider"]))
+        self.kustomization = pulumi.Output.from_input(f"{namespace}/{namespace}")
+        self.register_outputs({"kustomization": self.kustomization})

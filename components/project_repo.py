@@ -20,8 +20,9 @@ from typing_extensions import NotRequired
 from .cluster import plan_change
 from .local.gitserver import GitRepos, blob_sha
 
-# What programs/platform installs from its requirements (`../..`): the package metadata and both packages.
-DEFAULT_INCLUDE = ("pyproject.toml", "components", "operator/strata_operator", "programs")
+# What programs/platform installs from its requirements (`../..`): the package metadata and both packages;
+# and what Flux syncs (clusters/).
+DEFAULT_INCLUDE = ("pyproject.toml", "components", "operator/strata_operator", "programs", "clusters")
 # Local build and run leftovers that never belong in the published tree.
 SKIPPED_DIRS = frozenset({"__pycache__", ".venv", "venv", ".pytest_cache", ".pulumi", "node_modules"})
 

@@ -1,9 +1,11 @@
-"""Watch the dev stack's Stacks until they are all Ready (`make up`) or gone (`make down`).
+"""Watch the dev stack's Stacks (and Flux's Kustomizations) until they are all Ready (`make up`) or
+gone (`make down`).
 
-The pure part reads a Stack object into a `StackState` and compares two snapshots, so each change
-is one progress line and the verdict (done, failed, still waiting) is a function of what was seen;
-`watch` polls the API server and prints those lines. A Stack's own kstatus conditions decide:
-Ready=True is done, Stalled=True is a failure that needs a person, anything else is progress.
+The pure part reads an object into a `StackState` and compares two snapshots, so each change is one
+progress line and the verdict (done, failed, still waiting) is a function of what was seen; `watch`
+polls the API server and prints those lines. The objects' own kstatus conditions decide: Ready=True
+is done, Stalled=True is a failure that needs a person, anything else is progress. Stacks are keyed
+`namespace/name`, other kinds `kind namespace/name`.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from .progress import Say, format_seconds, stderr_say
 
 POLL_SECONDS = 2.0
 STACKS = ("pulumi.com", "v1", "stacks")
+KUSTOMIZATIONS = ("kustomize.toolkit.fluxcd.io", "v1", "kustomizations")
+GIT_REPOSITORIES = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
 # A Stack whose destroy failed (its finalizer is kept): a person must decide.
 DESTROY_BLOCKED = "DestroyBlocked"
 
-State = Literal["Missing", "Pending", "Reconciling", "Ready", "Stalled", "Deleting"]
+State = Literal["Missing", "Pending", "Reconciling", "NotReady", "Ready", "Stalled", "Deleting"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +40,7 @@ class StackState:
     def line(self) -> str:
         detail = f" ({self.reason})" if self.reason else ""
         text = f"  {self.key}: {self.state}{detail}"
-        if self.message and self.state in ("Stalled", "Reconciling", "Deleting"):
+        if self.message and self.state in ("Stalled", "Reconciling", "NotReady", "Deleting"):
             text += f": {_shorten(self.message)}"
         return text
 
@@ -48,11 +52,13 @@ def _shorten(message: str, limit: int = 240) -> str:
 
 def stack_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata", {})
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    where = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    kind = obj.get("kind", "Stack")
+    return where if kind == "Stack" else f"{kind.lower()} {where}"
 
 
 def stack_state(obj: Mapping[str, Any]) -> StackState:
-    """The state a Stack object shows, from its conditions (and deletionTimestamp)."""
+    """The state an object shows, from its kstatus conditions (and deletionTimestamp)."""
     key = stack_key(obj)
     conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}
     deleting = bool(obj.get("metadata", {}).get("deletionTimestamp"))
@@ -62,11 +68,13 @@ def stack_state(obj: Mapping[str, Any]) -> StackState:
             state: State = "Deleting" if deleting and kind == "Reconciling" else kind  # type: ignore[assignment]
             return StackState(key, state, condition.get("reason", ""), condition.get("message", ""))
     if deleting:
-        return StackState(key, "Deleting", "", "waiting for the operator to destroy its resources")
+        return StackState(key, "Deleting", "", "waiting for its controller to finalize it")
     ready = conditions.get("Ready")
     if ready and ready.get("status") == "True":
         return StackState(key, "Ready", ready.get("reason", ""))
-    return StackState(key, "Pending", "", "not yet picked up by the operator")
+    if ready:
+        return StackState(key, "NotReady", ready.get("reason", ""), ready.get("message", ""))
+    return StackState(key, "Pending", "", "not yet picked up by its controller")
 
 
 def snapshot(objects: Iterable[Mapping[str, Any]], expected: Iterable[str] = ()) -> dict[str, StackState]:
@@ -114,10 +122,32 @@ class StackReader:
         self.custom = client.CustomObjectsApi(self._api)
         self.namespace = namespace
 
+    def _list(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        group, version, plural = resource
+        try:
+            if self.namespace:
+                found = self.custom.list_namespaced_custom_object(group, version, self.namespace, plural)
+            else:
+                found = self.custom.list_cluster_custom_object(group, version, plural)
+        except client.ApiException as error:
+            if error.status == 404:  # that API is not installed (yet)
+                return []
+            raise
+        kind = found.get("kind", "").removesuffix("List")
+        return [{"kind": kind, **item} for item in found["items"]]
+
     def list(self) -> list[dict[str, Any]]:
-        if self.namespace:
-            return self.custom.list_namespaced_custom_object(*STACKS[:2], self.namespace, STACKS[2])["items"]
-        return self.custom.list_cluster_custom_object(*STACKS)["items"]
+        """The Stacks."""
+        return self._list(STACKS)
+
+    def list_with_flux(self) -> list[dict[str, Any]]:
+        """The Stacks and Flux's Kustomizations."""
+        return [*self._list(STACKS), *self._list(KUSTOMIZATIONS)]
+
+    def flux_sources_and_kustomizations(self) -> list[dict[str, Any]]:
+        return [*self._list(GIT_REPOSITORIES), *self._list(KUSTOMIZATIONS)]
 
     def get(self, key: str) -> dict[str, Any]:
         namespace, name = key.split("/", 1)
@@ -161,3 +191,16 @@ def watch(list_stacks: Callable[[], list[dict[str, Any]]], verdict_of: Callable[
             say(f"  ... still waiting ({format_seconds(now - started)}) for: {', '.join(waiting)}")
             last_said = now
         time.sleep(POLL_SECONDS)
+
+
+def flux_lines(objects: Iterable[Mapping[str, Any]]) -> list[str]:
+    """`flux get`-style lines: kind namespace/name, revision, ready, message."""
+    lines = []
+    for obj in objects:
+        status = obj.get("status") or {}
+        revision = (status.get("artifact") or {}).get("revision") or status.get("lastAppliedRevision") or "-"
+        state = stack_state(obj)
+        ready = {"Ready": "True", "NotReady": "False"}.get(state.state, "Unknown")
+        ready_condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        lines.append(f"  {state.key:45} {revision:52} {ready:7} {_shorten(ready_condition.get('message', ''), 80)}")
+    return lines

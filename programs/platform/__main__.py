@@ -88,11 +88,10 @@ for team in teams:
     if backend:
         handoff_args["backend"] = backend
     handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args, pulumi.ResourceOptions(depends_on=[environment]))
-    if "source" in environment_args:
-        k8s.core.v1.Secret(f"{name}-passphrase",
-                           metadata={"name": PASSPHRASE_SECRET, "namespace": environment.namespace},
-                           string_data={"passphrase": passphrases[name]},
-                           opts=pulumi.ResourceOptions(provider=provider, parent=environment))
+    # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
+    k8s.core.v1.Secret(f"{name}-passphrase", metadata={"name": PASSPHRASE_SECRET, "namespace": environment.namespace},
+                       string_data={"passphrase": passphrases[name]},
+                       opts=pulumi.ResourceOptions(provider=provider, parent=environment))
 
 pulumi.export("teamKubeconfigs", pulumi.Output.secret({name: env.kubeconfig for name, env in environments.items()}))
 pulumi.export("teamTokens", pulumi.Output.secret({name: env.token for name, env in environments.items()}))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_components.bootstrap_config import (cluster_args, flux_args, operator_args, platform_stack_spec,
-                                                project_repo_args, resolve_backend_url)
+from strata_components.bootstrap_config import (cluster_args, flux_args, flux_sync_args, operator_args,
+                                                platform_stack_spec, project_repo_args, resolve_backend_url)
 
 PROVIDER = None  # carried through untouched; the component tests cover what a provider does
 
@@ -54,7 +54,14 @@ def test_platform_stack_without_a_source_names_the_key_to_set():
 
 def test_flux_sync_without_url_names_the_field():
     with pytest.raises(ValueError, match=r"strata:flux\.sync needs `url`"):
-        flux_args({"sync": {"branch": "main"}}, PROVIDER, cluster_args({}))
+        flux_sync_args({"sync": {"branch": "main"}}, PROVIDER, None, {})
+
+
+def test_flux_sync_defaults_to_this_projects_repository():
+    args = flux_sync_args({"sync": {"path": "clusters/dev"}}, PROVIDER, "http://git/strata.git", {"A": "b"})
+    assert args == {"provider": PROVIDER, "url": "http://git/strata.git", "branch": "main", "path": "clusters/dev",
+                    "namespace": "flux-system", "substitute": {"A": "b"}}
+    assert flux_sync_args({}, PROVIDER, "http://git/strata.git", {}) is None
 
 
 def test_the_project_is_published_only_for_a_local_cluster_without_a_configured_repo():

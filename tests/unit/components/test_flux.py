@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pulumi_kubernetes as k8s
 import pytest
+import pulumi
 import yaml
 from strata_mocks import FLUX_INSTALL
 
@@ -64,11 +65,29 @@ def test_sync_comes_after_the_controllers(harness):
 
     harness.run(program)
     install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
+    component = harness.one("strata:index:FluxSync", "flux-sync")
+    assert install.urn in component.dependencies and component.parent == harness.one("strata:index:Flux").urn
     sync = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-sync")
-    assert install.urn in sync.dependencies and sync.parent == harness.one("strata:index:Flux").urn
-    assert "kind: GitRepository" in sync.inputs["yaml"] and "kind: Kustomization" in sync.inputs["yaml"]
+    assert sync.parent == component.urn
+    assert [o["kind"] for o in sync.inputs["objs"]] == ["GitRepository", "Kustomization"]
+    spec = sync.inputs["objs"][1]["spec"]
+    assert "postBuild" not in spec
+    # What it synced is pruned, waited for, and on deletion waited out (Stacks get destroyed first).
+    assert (spec["prune"], spec["wait"], spec["deletionPolicy"], spec["timeout"]) == (
+        True, True, "WaitForTermination", "5m")
     call = next(c for c in harness.mocks.calls if c.token.startswith("flux:index/getFluxSync"))
     assert call.args["url"] == "http://127.0.0.1:9418/fleet.git" and call.args["targetPath"] == "clusters/dev"
+
+
+def test_sync_fills_per_cluster_values_into_the_manifests(harness):
+    def program():
+        Flux("flux", {"provider": _provider(), "version": "v2.9.5",
+                      "sync": {"url": "http://127.0.0.1:9418/fleet.git", "path": "clusters/dev",
+                               "substitute": {"STRATA_BACKEND": pulumi.Output.from_input("file:///state")}}})
+
+    harness.run(program)
+    kustomization = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-sync").inputs["objs"][1]
+    assert kustomization["spec"]["postBuild"] == {"substitute": {"STRATA_BACKEND": "file:///state"}}
 
 
 def test_build_flux_manifests_keeps_every_document_exactly_once():

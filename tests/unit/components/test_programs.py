@@ -96,6 +96,19 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     # The passphrase reaches the cluster only inside a Secret, never in the Stack object.
     assert "dev-passphrase" not in json.dumps(stack.inputs)
 
+    # Flux syncs clusters/dev of the published project; the sync comes last, so it comes down first
+    # (the Stacks it synced are destroyed while the operator and the platform still run).
+    sync = harness.one("strata:index:FluxSync")
+    assert stack.urn in sync.dependencies
+    assert {r.urn for r in [*harness.children(flux), *harness.children(operator)]} <= set(sync.dependencies)
+    call = next(c for c in harness.mocks.calls if c.token.startswith("flux:index/getFluxSync"))
+    assert call.args["url"] == f"{GIT_URL}/strata.git" and call.args["targetPath"] == "clusters/dev"
+    kustomization = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-sync").inputs["objs"][1]
+    assert kustomization["spec"]["postBuild"]["substitute"] == {
+        "STRATA_PROJECT_REPO": f"{GIT_URL}/strata.git", "STRATA_PROJECT_BRANCH": "main",
+        "STRATA_BACKEND": f"file://{Path.home()}/.local/state/strata/pulumi"}
+    assert "clusters" in repo.inputs["include"]
+
 
 def test_bootstrap_rejects_an_unknown_cluster_mode():
     harness = Harness(config={"cluster": {"mode": "kind"}}, project="strata", stack="dev")
@@ -145,7 +158,9 @@ def test_platform_layer_reads_the_bootstrap_stack_and_exports_secret_team_creden
         "type": "Secret", "secret": {"name": "strata-pulumi-passphrase", "key": "passphrase"}}
     roles = {r.inputs["metadata"]["namespace"] for r in harness.all("kubernetes:rbac.authorization.k8s.io/v1:Role")}
     assert roles == {"team-alpha", "team-beta", "shared"}
-    assert [s.name for s in harness.all("kubernetes:core/v1:Secret") if "passphrase" in s.name] == ["alpha-passphrase"]
+    # Every team gets its own passphrase in its namespace, for its app Stacks however they arrive.
+    assert sorted(s.name for s in harness.all("kubernetes:core/v1:Secret") if "passphrase" in s.name) == [
+        "alpha-passphrase", "beta-passphrase"]
 
 
 def test_platform_layer_hands_each_team_its_kubeconfig_through_a_handoff_stack_of_its_own():

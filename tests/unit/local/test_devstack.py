@@ -93,11 +93,29 @@ def test_a_lost_salt_comes_back_from_the_stacks_state(home):
     assert devstack.checkpoint_path(home, "other") is None
 
 
-def test_expected_stacks_are_the_platform_each_hand_off_and_each_app():
+def test_expected_are_the_platform_each_hand_off_each_app_and_what_flux_syncs(project):
     config = yaml.safe_load(COMMITTED)
-    assert devstack.expected_stacks(config) == ["ops/strata-platform", "ops/team-alpha-handoff",
-                                                "team-alpha/team-alpha", "ops/team-beta-handoff"]
-    assert devstack.expected_stacks({"config": {}}) == []
+    assert devstack.expected_objects(config, project) == ["ops/strata-platform", "ops/team-alpha-handoff",
+                                                          "team-alpha/team-alpha", "ops/team-beta-handoff"]
+    assert devstack.expected_objects({"config": {}}, project) == []
+    (project / "clusters" / "dev" / "apps").mkdir(parents=True)
+    (project / "clusters" / "dev" / "apps" / "app.yaml").write_text(
+        "kind: GitRepository\nmetadata: {name: app, namespace: team-x}\n---\n"
+        "apiVersion: pulumi.com/v1\nkind: Stack\nmetadata: {name: app, namespace: team-x}\n")
+    synced = {"config": {"strata:flux": {"sync": {"path": "clusters/dev"}}}}
+    assert devstack.expected_objects(synced, project) == ["kustomization flux-system/flux-system", "team-x/app"]
+    elsewhere = {"config": {"strata:flux": {"namespace": "flux", "sync": {"url": "https://git/x.git"}}}}
+    assert devstack.expected_objects(elsewhere, project) == ["kustomization flux/flux"]
+
+
+def test_the_repositorys_dev_stack_expects_every_layer_and_alphas_app_through_flux():
+    from pathlib import Path
+
+    root = Path(devstack.__file__).resolve().parents[2]
+    config = yaml.safe_load((root / "Pulumi.dev.yaml").read_text())
+    assert devstack.expected_objects(config, root) == [
+        "strata-system/strata-platform", "strata-system/team-alpha-handoff", "strata-system/team-beta-handoff",
+        "kustomization flux-system/flux-system", "team-alpha/app"]
 
 
 def test_a_passphrase_that_does_not_match_the_stack_is_named_with_the_way_out(home, project, tmp_path):

@@ -82,3 +82,16 @@ def test_watch_gives_up_at_the_timeout_and_survives_an_api_error(monkeypatch):
     verdict, _states = stackwatch.watch(flaky, stackwatch.ready_verdict, timeout=0.05, say=said.append)
     assert not verdict.done and not verdict.failed
     assert "cannot list Stacks: refused" in said[0]
+
+
+def test_other_kinds_are_keyed_by_kind_and_a_false_ready_is_not_ready():
+    kustomization = {"kind": "Kustomization", "metadata": {"name": "flux-system", "namespace": "flux-system"},
+                     "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "HealthCheckFailed",
+                                                "message": "timeout waiting for: [Stack/team-alpha/app]"}],
+                                "lastAppliedRevision": "main@sha1:abc"}}
+    state = stackwatch.stack_state(kustomization)
+    assert (state.key, state.state, state.reason) == ("kustomization flux-system/flux-system", "NotReady",
+                                                      "HealthCheckFailed")
+    assert "timeout waiting for" in state.line()
+    line, = stackwatch.flux_lines([kustomization])
+    assert line.split()[:5] == ["kustomization", "flux-system/flux-system", "main@sha1:abc", "False", "timeout"]
