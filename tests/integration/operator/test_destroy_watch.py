@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import has_condition, stash_project, unique
+from .conftest import has_condition, stash_project, unique
 
 from strata_components.local import devstack
 from strata_components.local.stackwatch import StackReader
