@@ -56,11 +56,20 @@ class Operator(OperatorHost):
 
 
 @pytest.fixture(scope="session")
-def operator(platform: LocalPlatform, toolchain: Toolchain,
+def plugin_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's plugin cache (PULUMI_HOME/plugins-style), empty until a test installs a plugin into it;
+    never the user's own ~/.pulumi/plugins."""
+    cache = tmp_path_factory.mktemp("operator-pulumi-home") / "plugins"
+    cache.mkdir()
+    return cache
+
+
+@pytest.fixture(scope="session")
+def operator(platform: LocalPlatform, toolchain: Toolchain, plugin_cache: Path,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
     host = operator_host(platform, toolchain, tmp_path_factory.mktemp("operator"), extra_args=(
         "--stall-after-failures", str(STALL_AFTER_FAILURES), "--min-resync-seconds", str(MIN_RESYNC_SECONDS),
-        "--verbose"))
+        "--plugin-cache", str(plugin_cache), "--verbose"))
     running = Operator(**{field.name: getattr(host, field.name) for field in dataclasses.fields(host)})
     running.start()
     try:

@@ -57,11 +57,11 @@ def _health(operator: Operator) -> dict:
 
 
 @pytest.fixture
-def second(operator: Operator, platform, toolchain, kube_client, tmp_path) -> Iterator[Operator]:
+def second(operator: Operator, platform, toolchain, kube_client, plugin_cache, tmp_path) -> Iterator[Operator]:
     """Another operator process like the session's (same flags and ServiceAccount), with its own state."""
     host = operator_host(platform, toolchain, tmp_path / "second", extra_args=(
         "--stall-after-failures", str(STALL_AFTER_FAILURES), "--min-resync-seconds", str(MIN_RESYNC_SECONDS),
-        "--verbose"))
+        "--plugin-cache", str(plugin_cache), "--verbose"))
     fields = {field.name: getattr(host, field.name) for field in dataclasses.fields(host)}
     fields["process"] = dataclasses.replace(host.process, name="strata-operator-second")
     other = Operator(**fields)

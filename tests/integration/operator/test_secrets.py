@@ -51,3 +51,32 @@ def test_canary_secret_never_leaks(stacks, local_platform, operator):
         encoded = base64.b64encode(secret.encode()).decode()
         for where, text in everything.items():
             assert secret not in text and encoded not in text, f"{secret} leaked into the {where}"
+
+
+def test_plain_values_stay_readable_where_secret_ones_are_masked(stacks, operator, tmp_path):
+    """The same failure (a backend directory that cannot be created) with the backend URL given as a
+    Literal and from a Secret: the literal path is shown, the secret one is masked everywhere."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    literal_dir, secret_dir = blocker / "literal-path-visible", blocker / "secret-path-canary-31d7"
+    stacks.secret("backend", {"url": secret_dir.as_uri()})
+    stacks.program("plain", {"resources": {"n": {"type": "pulumi:index:Stash", "properties": {"input": "x"}}}})
+    passphrase = stacks.spec()["envRefs"]
+    for name, ref in (("literal", {"type": "Literal", "literal": {"value": literal_dir.as_uri()}}),
+                      ("hidden", {"type": "Secret", "secret": {"name": "backend", "key": "url"}})):
+        spec = stacks.spec(stack=name, programRef={"name": "plain"},
+                           envRefs={**passphrase, "PULUMI_BACKEND_URL": ref})
+        del spec["backend"]  # spec.backend would override the envRef
+        stacks.create(name, spec)
+
+    shown = stacks.wait_stalled("literal", "UpdateFailed", 90)
+    assert f"cannot create the file:// backend's directory {literal_dir}: Not a directory" in json.dumps(shown)
+    hidden = stacks.wait_stalled("hidden", "UpdateFailed", 90)
+    assert "cannot create the file:// backend's directory [secret]: Not a directory" in json.dumps(hidden)
+    everything = {
+        "status": json.dumps(hidden),
+        "events": json.dumps([e.to_dict() for e in stacks.events("hidden")], default=str),
+        "operator log": operator.log_text(),
+    }
+    for where, text in everything.items():
+        assert "secret-path-canary-31d7" not in text, f"the secret backend path leaked into the {where}"
