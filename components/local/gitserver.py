@@ -4,6 +4,10 @@
 front of it, plus helpers that create and commit to the served repositories. With an auth file
 (`user:password` on one line) every request needs that HTTP basic auth; a user named `token`
 stands for bearer-style access tokens sent as the password, which is how git clients send them.
+
+With a kubeconfig, a push is announced to Flux the way its webhook Receivers do it: every
+GitRepository whose URL is the pushed repository gets `reconcile.fluxcd.io/requestedAt`, so
+source-controller fetches at once instead of at its next poll.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import hmac
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -34,7 +41,57 @@ def _split_cgi_output(output: bytes) -> tuple[bytes, bytes]:
     return output[:index], output[index + len(sep):]
 
 
-def _handler(root: Path, credentials: bytes | None) -> type[BaseHTTPRequestHandler]:
+REQUESTED_AT = "reconcile.fluxcd.io/requestedAt"
+GIT_REPOSITORIES = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
+
+
+def pushed_repository(method: str, path: str, status: int) -> str | None:
+    """The repository path (e.g. `strata.git`) a successful push request went to, else None."""
+    if method != "POST" or status != 200 or not path.endswith("/git-receive-pack"):
+        return None
+    return path.removesuffix("/git-receive-pack").strip("/") or None
+
+
+def _same_repository(url: str, base_url: str, repository: str) -> bool:
+    """Whether a GitRepository's `url` names this server's `repository` (with or without `.git` or a
+    trailing slash)."""
+    def norm(value: str) -> str:
+        return value.rstrip("/").removesuffix(".git")
+
+    return norm(url) == norm(f"{base_url.rstrip('/')}/{repository}")
+
+
+def notify_flux(kubeconfig: Path, base_url: str, repository: str) -> list[str]:
+    """Ask Flux to fetch every GitRepository of `repository` now; returns their namespace/name."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    try:
+        custom = client.CustomObjectsApi(api)
+        now = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+        notified = []
+        for item in custom.list_cluster_custom_object(*GIT_REPOSITORIES)["items"]:
+            if not _same_repository((item.get("spec") or {}).get("url", ""), base_url, repository):
+                continue
+            meta = item["metadata"]
+            custom.patch_namespaced_custom_object(*GIT_REPOSITORIES[:2], meta["namespace"], GIT_REPOSITORIES[2],
+                                                  meta["name"], {"metadata": {"annotations": {REQUESTED_AT: now}}})
+            notified.append(f"{meta['namespace']}/{meta['name']}")
+        return notified
+    finally:
+        api.close()
+
+
+def _announce(kubeconfig: Path, base_url: str, repository: str) -> None:
+    try:
+        notified = notify_flux(kubeconfig, base_url, repository)
+        print(f"push to {repository}: requested reconciliation of {notified or 'no GitRepository'}", flush=True)
+    except Exception as error:  # noqa: BLE001 - Flux still polls; the push itself has succeeded
+        print(f"push to {repository}: could not notify Flux: {error}", file=sys.stderr, flush=True)
+
+
+def _handler(root: Path, credentials: bytes | None, kubeconfig: Path | None = None,
+             base_url: str = "") -> type[BaseHTTPRequestHandler]:
     class GitHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -97,6 +154,9 @@ def _handler(root: Path, credentials: bytes | None) -> type[BaseHTTPRequestHandl
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
+            repository = pushed_repository(self.command, path, status)
+            if kubeconfig is not None and repository is not None and result.returncode == 0:
+                threading.Thread(target=_announce, args=(kubeconfig, base_url, repository), daemon=True).start()
 
         do_GET = _serve
         do_POST = _serve
@@ -104,9 +164,10 @@ def _handler(root: Path, credentials: bytes | None) -> type[BaseHTTPRequestHandl
     return GitHandler
 
 
-def serve(root: Path, port: int, auth_file: Path | None = None) -> None:
+def serve(root: Path, port: int, auth_file: Path | None = None, kubeconfig: Path | None = None) -> None:
     credentials = auth_file.read_text().strip().encode() if auth_file else None
-    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(root, credentials))
+    handler = _handler(root, credentials, kubeconfig, base_url=f"http://127.0.0.1:{port}")
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     server.serve_forever()
 
@@ -193,8 +254,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--auth-file", type=Path, help="file holding user:password for HTTP basic auth")
+    parser.add_argument("--kubeconfig", type=Path,
+                        help="announce pushes to Flux: annotate the GitRepositories of the pushed repository")
     args = parser.parse_args(argv)
-    serve(args.root, args.port, args.auth_file)
+    serve(args.root, args.port, args.auth_file, args.kubeconfig)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,8 @@ class LocalPlatform:
             (HostProcess("git-server", [
                 sys.executable, "-m", "strata_components.local.gitserver", f"--root={state / 'git'}",
                 f"--port={ports['git']}",
+                # A push is announced to Flux at once (as a webhook Receiver would): no waiting for a poll.
+                f"--kubeconfig={self.kubeconfig_path}",
             ]), lambda: not processes.port_is_free(ports["git"])),
             (HostProcess("flux-bundle-server", [
                 sys.executable, "-m", "http.server", "--bind=127.0.0.1", f"--directory={flux_bundle}",

@@ -66,3 +66,22 @@ def test_cgi_headers_split_on_crlf_or_lf():
     assert _split_cgi_output(b"Status: 200\r\nA: b\r\n\r\nbody\n\nmore") == (b"Status: 200\r\nA: b", b"body\n\nmore")
     assert _split_cgi_output(b"A: b\n\nbody") == (b"A: b", b"body")
     assert _split_cgi_output(b"no headers") == (b"no headers", b"")
+
+
+def test_only_a_successful_push_is_announced():
+    from strata_components.local.gitserver import pushed_repository
+
+    assert pushed_repository("POST", "/team/app.git/git-receive-pack", 200) == "team/app.git"
+    assert pushed_repository("POST", "/app.git/git-upload-pack", 200) is None  # a fetch
+    assert pushed_repository("GET", "/app.git/info/refs", 200) is None
+    assert pushed_repository("POST", "/app.git/git-receive-pack", 401) is None
+
+
+def test_a_gitrepository_matches_its_repository_with_or_without_git_suffix():
+    from strata_components.local.gitserver import _same_repository
+
+    base = "http://127.0.0.1:8000"
+    assert _same_repository("http://127.0.0.1:8000/app.git", base, "app.git")
+    assert _same_repository("http://127.0.0.1:8000/app/", base, "app.git")
+    assert not _same_repository("http://127.0.0.1:8000/app-2.git", base, "app.git")
+    assert not _same_repository("http://127.0.0.1:9000/app.git", base, "app.git")
