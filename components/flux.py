@@ -104,13 +104,17 @@ def validate_flux_args(args: FluxArgs) -> None:
 
 
 def build_sync_manifests(content: str, substitute: Mapping[str, str] | None = None,
-                         timeout: str = "5m") -> list[dict[str, Any]]:
-    """`get_flux_sync`'s GitRepository and Kustomization. The Kustomization prunes what leaves git,
-    waits for what it applies to be healthy (kstatus), fills `substitute` in as postBuild variables,
-    and, when deleted, waits until what it pruned is gone (`WaitForTermination`): a Stack it synced
-    is destroyed by the operator before whatever comes down after the sync."""
+                         timeout: str = "5m", secret_name: str | None = None) -> list[dict[str, Any]]:
+    """`get_flux_sync`'s GitRepository and Kustomization. The GitRepository uses git credentials only
+    with `secret_name` (the provider names a Secret `flux-system` whether or not one exists). The
+    Kustomization prunes what leaves git, waits for what it applies to be healthy (kstatus), fills
+    `substitute` in as postBuild variables, and, when deleted, waits until what it pruned is gone
+    (`WaitForTermination`): a Stack it synced is destroyed by the operator before whatever comes
+    down after the sync."""
     documents = [document for document in yaml.safe_load_all(content) if document]
     for document in documents:
+        if document.get("kind") == "GitRepository" and not secret_name:
+            document.get("spec", {}).pop("secretRef", None)
         if document.get("kind") == "Kustomization":
             spec = document.setdefault("spec", {})
             spec.update(prune=True, wait=True, timeout=timeout, deletionPolicy="WaitForTermination")
@@ -202,7 +206,8 @@ class FluxSync(pulumi.ComponentResource):
             name=namespace, namespace=namespace, interval=args.get("interval_minutes", 1),
             secret=args.get("secret_name"), opts=pulumi.InvokeOptions(parent=self))
         documents = pulumi.Output.all(rendered.content, args.get("substitute") or {}).apply(
-            lambda values: build_sync_manifests(values[0], values[1], args.get("timeout", "5m")))
+            lambda values: build_sync_manifests(values[0], values[1], args.get("timeout", "5m"),
+                                                args.get("secret_name")))
         k8s.yaml.v2.ConfigGroup(name, objs=documents, opts=pulumi.ResourceOptions(parent=self,
                                                                                    provider=args["provider"]))
         self.kustomization = pulumi.Output.from_input(f"{namespace}/{namespace}")

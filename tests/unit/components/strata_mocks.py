@@ -139,7 +139,9 @@ class StrataMocks(mocks.Mocks):
             content = yaml.safe_dump_all([
                 {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
                  "metadata": {"name": args.args["name"], "namespace": args.args["namespace"]},
-                 "spec": {"url": args.args["url"], "ref": {"branch": args.args["branch"]}, "interval": "1m0s"}},
+                 # As the provider renders it: a Secret named after the sync, whether or not one was given.
+                 "spec": {"url": args.args["url"], "ref": {"branch": args.args["branch"]}, "interval": "1m0s",
+                          "secretRef": {"name": args.args.get("secret") or "flux-system"}}},
                 {"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
                  "metadata": {"name": args.args["name"], "namespace": args.args["namespace"]},
                  "spec": {"path": args.args["targetPath"], "prune": True, "interval": "10m0s",

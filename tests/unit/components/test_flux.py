@@ -8,7 +8,7 @@ import pulumi
 import yaml
 from strata_mocks import FLUX_INSTALL
 
-from strata_components.flux import Flux, build_flux_manifests, validate_flux_args
+from strata_components.flux import Flux, build_flux_manifests, build_sync_manifests, validate_flux_args
 
 
 def _provider():
@@ -70,6 +70,7 @@ def test_sync_comes_after_the_controllers(harness):
     sync = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-sync")
     assert sync.parent == component.urn
     assert [o["kind"] for o in sync.inputs["objs"]] == ["GitRepository", "Kustomization"]
+    assert "secretRef" not in sync.inputs["objs"][0]["spec"]  # no credentials given, none referenced
     spec = sync.inputs["objs"][1]["spec"]
     assert "postBuild" not in spec
     # What it synced is pruned, waited for, and on deletion waited out (Stacks get destroyed first).
@@ -115,3 +116,11 @@ def test_build_flux_manifests_keeps_every_document_exactly_once():
 def test_bad_flux_args_are_rejected_with_the_field(args, message):
     with pytest.raises(ValueError, match=message):
         validate_flux_args(args)
+
+
+def test_sync_keeps_the_git_credentials_only_when_given():
+    rendered = yaml.safe_dump_all([
+        {"kind": "GitRepository", "spec": {"url": "https://git/x.git", "secretRef": {"name": "flux-system"}}},
+        {"kind": "Kustomization", "spec": {"path": "./"}}])
+    assert "secretRef" not in build_sync_manifests(rendered)[0]["spec"]
+    assert build_sync_manifests(rendered, secret_name="flux-system")[0]["spec"]["secretRef"] == {"name": "flux-system"}
