@@ -117,7 +117,10 @@ def build_sync_manifests(content: str, substitute: Mapping[str, str] | None = No
             document.get("spec", {}).pop("secretRef", None)
         if document.get("kind") == "Kustomization":
             spec = document.setdefault("spec", {})
-            spec.update(prune=True, wait=True, timeout=timeout, deletionPolicy="WaitForTermination")
+            # A failed health check (a synced Stack still running its first update) is retried soon,
+            # not at the next interval.
+            spec.update(prune=True, wait=True, timeout=timeout, retryInterval="30s",
+                        deletionPolicy="WaitForTermination")
             if substitute:
                 spec.setdefault("postBuild", {})["substitute"] = dict(substitute)
     return documents

@@ -217,6 +217,8 @@ class PulumiRun:
         cli = cli or find_pulumi_with_python_host()
         if cli is None:
             raise DevStackError("; ".join(missing_dev_stack_requirements()))
+        # The CLI's own directory first: its bundled plugins (the dynamic-provider shim) beside it win.
+        env = {**env, "PATH": os.pathsep.join([str(cli.parent), env.get("PATH", "")])}
         self.cli, self.project, self.home, self.env = cli, project, home, env
         self.process: subprocess.Popen[str] | None = None
 
@@ -309,9 +311,8 @@ def up(project: Path, home: DevHome | None = None, timeout: float = DEFAULT_UP_T
         for line in flux:
             say(line)
     _describe(home, say)
-    toolchain_path = os.pathsep.join(str(d) for d in installed().bin_dirs)
     say(f"  export KUBECONFIG={kubeconfig}")
-    say(f"  export PATH={toolchain_path}:$PATH   # the toolchain's kubectl")
+    say(f"  export PATH={installed().bin('kubectl').parent}:$PATH   # the toolchain's kubectl")
     say("  kubectl get stacks -A        # every layer's Stack")
     say("  make down                    # destroy it all, local processes included")
 

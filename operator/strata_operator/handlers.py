@@ -27,7 +27,7 @@ from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prere
                        plan_stack, prerequisites_verdict)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
-from .sources import (SourceError, download_artifact, flux_artifact, git_branch_head, git_checkout,
+from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
                       program_revision, safe_extract, subdir, write_program_project)
 from .spec import MIN_RESYNC_SECONDS, SpecInvalid, StackSpec, not_applicable_fields, parse_stack_spec
 
@@ -299,6 +299,10 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     poll = float(session.resync_seconds(spec)) if spec.branch else None
     try:
         revision, handle = await _source_revision(session, spec, resolved)
+    except SourceNotReady as err:
+        # Woken by the source's own events once Flux has its artifact.
+        await session.write(st.Verdict("reconciling", st.RECONCILING_SOURCE, str(err)))
+        return None
     except SourceError as err:
         auth = any(s in str(err) for s in ("Authentication failed", "could not read Username", "403", "401"))
         await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err),

@@ -41,6 +41,10 @@ class SourceError(Exception):
         super().__init__(redact(message))
 
 
+class SourceNotReady(SourceError):
+    """The source exists and its controller is still working on it: wait for it, nothing is stuck."""
+
+
 class UnsafeArchive(SourceError):
     """The artifact would write outside its destination, or is larger than allowed."""
 
@@ -181,14 +185,16 @@ class FluxArtifact:
 
 
 def flux_artifact(source: dict[str, Any]) -> FluxArtifact:
-    """The artifact of a Flux source that is Ready=True; SourceError saying what is missing otherwise."""
+    """The artifact of a Flux source that is Ready=True. SourceNotReady while its controller has not
+    said yet (no Ready condition, or Unknown: a new source), SourceError once it reported a failure."""
     kind = source.get("kind", "source")
     name = source.get("metadata", {}).get("name", "")
     status = source.get("status") or {}
     ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
     if ready is None or ready.get("status") != "True":
         why = (ready or {}).get("message") or "no Ready condition yet"
-        raise SourceError(f"{kind} {name!r} is not Ready: {why}")
+        failed = (ready or {}).get("status") == "False"
+        raise (SourceError if failed else SourceNotReady)(f"{kind} {name!r} is not Ready: {why}")
     artifact = status.get("artifact")
     if not artifact or not artifact.get("url"):
         raise SourceError(f"{kind} {name!r} has no artifact")

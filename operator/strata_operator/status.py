@@ -24,6 +24,8 @@ NOT_READY_STALLED = "NotReadyStalled"
 RECONCILING_PROCESSING = "StackProcessing"
 RECONCILING_RETRY = "RetryingAfterFailure"
 RECONCILING_PREREQUISITE = "PrerequisiteNotSatisfied"
+# The Flux source is still being fetched: the Stack waits, it is not stuck (kstatus: in progress).
+RECONCILING_SOURCE = "SourceNotReady"
 STALLED_SPEC_INVALID = "SpecInvalid"
 STALLED_SOURCE_UNAVAILABLE = "SourceUnavailable"
 STALLED_CONFLICT = "UpdateConflict"

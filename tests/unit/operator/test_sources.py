@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata_operator.sources import (FluxArtifact, SourceError, UnsafeArchive, download_artifact, flux_artifact,
+from strata_operator.sources import (FluxArtifact, SourceError, SourceNotReady, UnsafeArchive, download_artifact, flux_artifact,
                                      git_branch_head, git_checkout, program_revision, safe_extract, subdir,
                                      write_program_project)
 
@@ -123,8 +123,13 @@ def flux_source(ready="True", artifact=None):
 
 
 def test_flux_artifact_requires_ready_and_digest():
-    with pytest.raises(SourceError, match="not Ready: failed to checkout"):
+    with pytest.raises(SourceError, match="not Ready: failed to checkout") as failed:
         flux_artifact(flux_source("False"))
+    assert not isinstance(failed.value, SourceNotReady)  # the controller said it failed: stall
+    # A source its controller has not reported on yet is waited for, not stalled on.
+    for new in ({"kind": "GitRepository", "metadata": {"name": "repo"}}, flux_source("Unknown")):
+        with pytest.raises(SourceNotReady, match="is not Ready"):
+            flux_artifact(new)
     with pytest.raises(SourceError, match="has no artifact"):
         flux_artifact(flux_source())
     with pytest.raises(SourceError, match="no digest"):
