@@ -19,6 +19,8 @@ from typing import Any, Literal
 from .progress import Say, format_seconds, stderr_say
 
 POLL_SECONDS = 2.0
+# An API server that does not answer for this long is said so (a restart, or the end of `make down`, is quiet).
+API_PATIENCE = 10.0
 STACKS = ("pulumi.com", "v1", "stacks")
 KUSTOMIZATIONS = ("kustomize.toolkit.fluxcd.io", "v1", "kustomizations")
 GIT_REPOSITORIES = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
@@ -170,11 +172,18 @@ def watch(list_stacks: Callable[[], list[dict[str, Any]]], verdict_of: Callable[
     expected = list(expected)
     started = last_said = time.monotonic()
     seen: dict[str, StackState] = {}
+    failing_since: float | None = None
     while True:
         try:
             current = snapshot(list_stacks(), expected)
-        except Exception as error:  # noqa: BLE001 - an API hiccup is reported and retried, not fatal
-            say(f"  (cannot list Stacks: {_shorten(str(error), 160)}; retrying)")
+            failing_since = None
+        except Exception as error:  # noqa: BLE001 - an API hiccup is retried, and reported once it lasts
+            now = time.monotonic()
+            failing_since = failing_since if failing_since is not None else now
+            if now - failing_since >= API_PATIENCE and now - last_said >= API_PATIENCE:
+                say(f"  (cannot list Stacks for {format_seconds(now - failing_since)}: {_shorten(str(error), 160)}; "
+                    "retrying)")
+                last_said = now
             current = seen
         for line in changes(seen, current):
             say(line)
