@@ -126,22 +126,28 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     custom, coordination = client.CustomObjectsApi(api), client.CoordinationV1Api(api)
 
-    # Flux's controllers answer and fetch from the platform's git server.
+    # Flux's controllers answer; Flux syncs clusters/dev of the published project, alpha's app included.
     status = json.loads(subprocess.run([str(ROOT / ".venv" / "bin" / "strata"), "local", "status", "--state-dir",
                                         str(state)], capture_output=True, text=True).stdout)
     assert status["source-controller"] and status["kustomize-controller"]
-    repository = custom.get_namespaced_custom_object("source.toolkit.fluxcd.io", "v1", "team-alpha",
-                                                     "gitrepositories", "team-alpha")
-    assert {c["type"]: c["status"] for c in repository["status"]["conditions"]}["Ready"] == "True"
+    for plural, namespace, name in (("gitrepositories", "flux-system", "flux-system"),
+                                    ("gitrepositories", "team-alpha", "app")):
+        source = custom.get_namespaced_custom_object("source.toolkit.fluxcd.io", "v1", namespace, plural, name)
+        assert {c["type"]: c["status"] for c in source["status"]["conditions"]}["Ready"] == "True", source
+    kustomization = custom.get_namespaced_custom_object("kustomize.toolkit.fluxcd.io", "v1", "flux-system",
+                                                        "kustomizations", "flux-system")
+    assert {c["type"]: c["status"] for c in kustomization["status"]["conditions"]}["Ready"] == "True"
+    assert kustomization["spec"]["path"] == "clusters/dev"
+    assert "kustomization flux-system/flux-system" in up.stdout and "gitrepository team-alpha/app" in up.stdout
     # The operator leads.
     lease = coordination.read_namespaced_lease("strata-operator-leader", OPERATOR_NAMESPACE)
     assert lease.spec.holder_identity
 
-    # Every layer's Stack is Ready: platform, both hand-offs, alpha's app.
+    # Every layer's Stack is Ready: platform, both hand-offs, alpha's app (from Flux).
     stacks = {f"{s['metadata']['namespace']}/{s['metadata']['name']}": s
               for s in custom.list_cluster_custom_object(*STACKS)["items"]}
     assert set(stacks) == {f"{OPERATOR_NAMESPACE}/strata-platform", f"{OPERATOR_NAMESPACE}/team-alpha-handoff",
-                           f"{OPERATOR_NAMESPACE}/team-beta-handoff", "team-alpha/team-alpha"}
+                           f"{OPERATOR_NAMESPACE}/team-beta-handoff", "team-alpha/app"}
     for key, stack in stacks.items():
         conditions = {c["type"]: c["status"] for c in stack["status"]["conditions"]}
         assert conditions["Ready"] == "True", (key, stack["status"])
@@ -153,7 +159,8 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
             "kubeconfig": "[secret]", "namespace": f"team-{team}"}
 
     # alpha's app runs in its namespace, deployed through alpha's own kubeconfig.
-    app = stacks["team-alpha/team-alpha"]
+    app = stacks["team-alpha/app"]
+    assert app["metadata"]["labels"]["kustomize.toolkit.fluxcd.io/name"] == "flux-system"  # Flux owns it
     assert app["spec"]["serviceAccountName"] == "team-alpha"
     deployment = apps.read_namespaced_deployment(app["status"]["outputs"]["deployment"], "team-alpha")
     assert deployment.status.ready_replicas == 2
@@ -170,12 +177,11 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     finally:
         alpha.close()
 
-    # No team namespace holds the shared passphrase: alpha gets its own, beta (no app) none.
+    # No team namespace holds the shared passphrase: each team gets its own, and no other's.
     shared = (home / "passphrase").read_text().strip()
-    alpha_passphrase = base64.b64decode(
-        core.read_namespaced_secret("strata-pulumi-passphrase", "team-alpha").data["passphrase"]).decode()
-    assert alpha_passphrase and alpha_passphrase != shared
-    assert "strata-pulumi-passphrase" not in {s.metadata.name for s in core.list_namespaced_secret("team-beta").items}
+    passphrases = {team: base64.b64decode(core.read_namespaced_secret(
+        "strata-pulumi-passphrase", f"team-{team}").data["passphrase"]).decode() for team in ("alpha", "beta")}
+    assert len({shared, *passphrases.values()}) == 3
     for namespace in ("team-alpha", "team-beta"):
         for secret in core.list_namespaced_secret(namespace).items:
             for value in (secret.data or {}).values():
@@ -187,7 +193,7 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     down = make("down", home, timeout=1200)
     print(down.stdout[-4000:])
     assert down.returncode == 0, down.stdout[-6000:]
-    assert "team-alpha/team-alpha: Deleting" in down.stdout  # each Stack's destroy is shown
+    assert "team-alpha/app: Deleting" in down.stdout  # each Stack's destroy is shown
     assert survivors(pids) == [], "make down left local processes running"
     assert not state.exists(), "make down left the platform state"
     for project, stack in (("strata", "dev"), ("strata-platform", "dev"), ("strata-app-team", "alpha"),
