@@ -137,7 +137,7 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     kustomization = custom.get_namespaced_custom_object("kustomize.toolkit.fluxcd.io", "v1", "flux-system",
                                                         "kustomizations", "flux-system")
     assert {c["type"]: c["status"] for c in kustomization["status"]["conditions"]}["Ready"] == "True"
-    assert kustomization["spec"]["path"] == "clusters/dev"
+    assert kustomization["spec"]["path"].removeprefix("./") == "clusters/dev"
     assert "kustomization flux-system/flux-system" in up.stdout and "gitrepository team-alpha/app" in up.stdout
     # The operator leads.
     lease = coordination.read_namespaced_lease("strata-operator-leader", OPERATOR_NAMESPACE)
