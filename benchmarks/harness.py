@@ -89,11 +89,14 @@ def pss_tree_mb(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def platform_with_operator(operator_args: tuple[str, ...] = ()) -> Iterator[Bench]:
+def platform_with_operator(operator_args: tuple[str, ...] = (),
+                           host_controllers: tuple[str, ...] = ()) -> Iterator[Bench]:
+    """A scratch platform and the real operator; `host_controllers` names the Flux controllers to run
+    as host processes (none by default: the operator benchmarks need no Flux)."""
     toolchain = installed()
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         scratch = Path(tmp)
-        platform = LocalPlatform(PlatformConfig(state_dir=scratch / "platform", host_controllers=()),
+        platform = LocalPlatform(PlatformConfig(state_dir=scratch / "platform", host_controllers=host_controllers),
                                  toolchain=toolchain)
         try:
             platform.up(say=lambda _: None)
