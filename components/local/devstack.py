@@ -120,10 +120,15 @@ def dev_environment(home: DevHome) -> dict[str, str]:
     return env
 
 
+def stack_checkpoints(backend_dir: Path, project: str, stack: str) -> list[Path]:
+    """The checkpoints of `project`/`stack` (`project` may be a glob) in a file:// backend directory."""
+    return sorted(path for path in (backend_dir / ".pulumi" / "stacks").glob(f"{project}/{stack}.json*")
+                  if path.name.endswith((".json", ".json.gz")))
+
+
 def checkpoint_path(home: DevHome, project: str) -> Path | None:
     """The dev stack's checkpoint in the file:// backend, or None when the stack does not exist."""
-    stacks = home.backend_dir / ".pulumi" / "stacks" / project
-    return next((path for name in (f"{STACK}.json", f"{STACK}.json.gz") if (path := stacks / name).is_file()), None)
+    return next(iter(stack_checkpoints(home.backend_dir, project, STACK)), None)
 
 
 def _read_checkpoint(path: Path) -> dict[str, Any]:
@@ -228,10 +233,17 @@ class PulumiRun:
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True)
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            tail.append(line)
-            if show:
-                print(line, end="", flush=True)
+        try:
+            for line in self.process.stdout:
+                tail.append(line)
+                if show:
+                    print(line, end="", flush=True)
+        except KeyboardInterrupt:
+            # The CLI runs in its own session (so `interrupt` reaches its whole tree): pass Ctrl-C on and
+            # let it cancel cleanly, releasing the stack's lock, before giving up.
+            self.interrupt()
+            self.process.wait()
+            raise
         code = self.process.wait()
         if code != 0:
             raise DevStackError(self.explain(args, code, "".join(tail)))
@@ -463,9 +475,8 @@ def left_behind(stack: dict[str, Any]) -> str:
     parts = name.split("/")
     if backend.startswith("file://"):
         # organization/project/stack, or a bare stack name whose project only its Pulumi.yaml knows.
-        project = parts[1] if len(parts) == 3 else "*"
-        stacks = Path(backend.removeprefix("file://")).expanduser() / ".pulumi" / "stacks"
-        found = [p for p in stacks.glob(f"{project}/{parts[-1]}.json*") if p.name.endswith((".json", ".json.gz"))]
+        found = stack_checkpoints(Path(backend.removeprefix("file://")).expanduser(),
+                                  parts[1] if len(parts) == 3 else "*", parts[-1])
         checkpoint = found[0] if len(found) == 1 else None
         if checkpoint is not None:
             latest = _read_checkpoint(checkpoint).get("checkpoint", {}).get("latest") or {}
