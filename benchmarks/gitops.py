@@ -16,7 +16,8 @@ program (one builtin Stash whose input is exported as `greeting`); a round chang
   of kubectl to the Stack Ready with the new output.
 - poll only: a second repository whose GitRepository polls every --poll-interval seconds; the change is
   committed straight into its bare repository (`GitRepos.commit`: no HTTP, so no notification), at a
-  random moment of the poll cycle, and timed from then to the Stack Ready with the new output.
+  random moment of the poll cycle, and timed from then to the Stack Ready with the new output; each
+  round also says how long after the source's previous poll (source-controller's log) the commit came.
 Push and kubectl rounds alternate (their order swapping every round) and the poll rounds are spread
 between them, so machine noise hits every path alike; one unmeasured warm-up round of push and kubectl
 comes first. Every wait is on a watch, not polling the API server. Goal (issue 16): push -> Ready
@@ -33,6 +34,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -228,13 +230,16 @@ class Paths:
 
     def poll(self, greeting: str) -> dict[str, float]:
         """The commit lands in the bare repository at a random moment of the poll cycle, so the wait
-        for the next poll is what an arbitrary commit gets (half the interval on average)."""
+        for the next poll is what an arbitrary commit gets (half the interval on average). Also returns,
+        under 'since_poll', how long after the source's previous poll the commit came (from
+        source-controller's log), so each figure can be checked against the interval."""
         time.sleep(random.uniform(0, self.poll_interval))
-        committed: dict[str, str] = {}
+        committed: dict[str, float] = {}
 
         def commit() -> None:
-            committed["sha"] = self.git.commit("poll", {f"{SYNC_DIR}/poll.yaml": manifests(
-                "poll", greeting, "${STRATA_BACKEND}")}, message=f"greeting {greeting}")
+            self.git.commit("poll", {f"{SYNC_DIR}/poll.yaml": manifests("poll", greeting, "${STRATA_BACKEND}")},
+                            message=f"greeting {greeting}")
+            committed["at"] = time.time()
 
         # The sha is known only once committed: watch the source for any revision but the current one.
         before = self.git.head("poll")
@@ -246,7 +251,24 @@ class Paths:
             Stage(self.bench, "Stack", "poll", stack_says(greeting), "ready"),
         ], self.poll_interval * 1.1 + 120)
         # Measured from the commit being in the repository, not from the start of the commit helper.
-        return {label: value - seconds["action"] for label, value in seconds.items() if label != "action"}
+        result = {label: value - seconds["action"] for label, value in seconds.items() if label != "action"}
+        previous = [at for at in self.source_polls("poll") if at <= committed["at"]]
+        if previous:
+            result["since_poll"] = committed["at"] - previous[-1]
+        return result
+
+    def source_polls(self, name: str) -> list[float]:
+        """When source-controller reconciled the GitRepository `name` (wall clock), from its log."""
+        log = self.bench.platform.log_dir / "source-controller.log"
+        marker = f'"GitRepository": {{"name":"{name}","namespace":"{NAMESPACE}"}}'
+        polls = []
+        for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+            if marker in line and ("no changes since last reconciliation" in line or "stored artifact" in line):
+                try:
+                    polls.append(datetime.fromisoformat(line.split("\t", 1)[0].replace("Z", "+00:00")).timestamp())
+                except ValueError:
+                    continue
+        return polls
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -326,8 +348,10 @@ def main() -> None:
                   f"   kubectl {applies[-1]['ready']:5.2f}s (applied {applies[-1]['action']:4.2f})", flush=True)
             for _ in range(polls_after[index]):
                 polls.append(paths.poll(f"poll-{len(polls)}"))
+                phase = (f"; committed {polls[-1]['since_poll']:4.1f}s after the source's previous poll"
+                         if "since_poll" in polls[-1] else "")
                 print(f"  poll-only round {len(polls)}: {polls[-1]['ready']:5.2f}s "
-                      f"({stages_line(polls[-1], POLL_STAGES)})", flush=True)
+                      f"({stages_line(polls[-1], POLL_STAGES)}{phase})", flush=True)
 
         push_ready = [r["ready"] for r in pushes]
         apply_ready = [r["ready"] for r in applies]
@@ -348,8 +372,11 @@ def main() -> None:
             print(f"poll only -> Ready       median {statistics.median(poll_ready):5.2f}s   "
                   f"({len(polls)} commits: " + ", ".join(f"{value:.1f}s" for value in poll_ready) +
                   f"; {statistics.median(poll_ready) / push_median:.0f}x the push path)")
-            print(f"  GitRepository interval {args.poll_interval}s; each commit went straight into the bare repository "
-                  "(no push, no notification) at a random point of the poll cycle")
+            to_ready = statistics.median(r["ready"] - r["fetched"] for r in polls)
+            print(f"  GitRepository interval {args.poll_interval}s (source-controller adds up to 5% jitter); each "
+                  "commit went straight into the bare repository")
+            print(f"  (no push, no notification) at a random point of the poll cycle: it waits "
+                  f"{args.poll_interval / 2:.0f}s on average, plus {to_ready:.1f}s from fetch to Ready")
         print(f"machine at end: {machine_line(bench)}")
 
 
