@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from strata_operator.status import RECONCILING_RETRY
 
 from . import stackwatch
+from .operator_host import OPERATOR_NAMESPACE
 from .platform import LocalPlatform, PlatformConfig
 from .preflight import find_pulumi_with_python_host, missing_dev_stack_requirements
 from .progress import Say, format_seconds, stderr_say
@@ -41,8 +43,6 @@ DEFAULT_UP_TIMEOUT = 1200.0
 DEFAULT_STUCK_SECONDS = 300.0
 # ... and once its destroy failed and is being retried.
 DESTROY_RETRY_PATIENCE = 60.0
-RETRYING_AFTER_FAILURE = "RetryingAfterFailure"
-OPERATOR_NAMESPACE_DEFAULT = "strata-system"
 
 
 class DevStackError(Exception):
@@ -187,7 +187,7 @@ def expected_objects(stack_config: dict[str, Any], project: Path) -> list[str]:
     config = stack_config.get("config") or {}
     keys = []
     if config.get("strata:platform"):
-        namespace = (config.get("strata:operator") or {}).get("namespace", OPERATOR_NAMESPACE_DEFAULT)
+        namespace = (config.get("strata:operator") or {}).get("namespace", OPERATOR_NAMESPACE)
         keys.append(f"{namespace}/strata-platform")
         for team in config.get("strata:teams") or []:
             keys.append(f"{namespace}/team-{team['name']}-handoff")
@@ -464,7 +464,7 @@ def local_process_urns(checkpoint: Path | None) -> list[str]:
 def _patience(state: stackwatch.StackState, stuck_after: float) -> float:
     """How long a Stack being deleted may stand still: less once its destroy has failed (the operator
     retries it, but a program that cannot load fails the same way every time)."""
-    return min(DESTROY_RETRY_PATIENCE, stuck_after) if state.reason == RETRYING_AFTER_FAILURE else stuck_after
+    return min(DESTROY_RETRY_PATIENCE, stuck_after) if state.reason == RECONCILING_RETRY else stuck_after
 
 
 def left_behind(stack: dict[str, Any]) -> str:
