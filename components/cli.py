@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 
 from .local import devstack, toolchain
+from .local.images import ImageError
 from .local.platform import HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
 from .local.processes import ProcessError
 
 
 def _platform(args: argparse.Namespace) -> LocalPlatform:
     return LocalPlatform(PlatformConfig(
-        state_dir=args.state_dir, nodes=args.nodes,
+        state_dir=args.state_dir, nodes=args.nodes, real_nodes=args.real_nodes,
         host_controllers=tuple(args.controllers.split(",")) if args.controllers else (),
         apiserver_port=args.apiserver_port,
     ))
@@ -65,6 +66,18 @@ def _dev_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _image_build(args: argparse.Namespace) -> int:
+    from .local import images, realnode
+
+    built = images.build_operator_image(toolchain.ensure(), python_host=images.ambient_python_host())
+    nodes = [realnode.load_node(d) for d in realnode.node_dirs(args.state_dir) if (d / "node.json").exists()]
+    for node in nodes:
+        images.load_image(built, node.containerd_socket)
+        print(f"loaded into real node {node.name}", file=sys.stderr)
+    print(built.name)
+    return 0
+
+
 def _operator_run(args: argparse.Namespace) -> int:
     from strata_operator.main import run
 
@@ -76,6 +89,8 @@ def _local_options() -> argparse.ArgumentParser:
     options.add_argument("--state-dir", type=Path, default=argparse.SUPPRESS,
                          help=f"where the platform keeps PKI, data, logs (default: {default_state_dir()})")
     options.add_argument("--nodes", type=int, default=argparse.SUPPRESS, help="number of kwok nodes (default: 1)")
+    options.add_argument("--real-nodes", type=int, default=argparse.SUPPRESS,
+                         help="nodes where pods really run: kubelet on containerd, needs root (default: 0)")
     options.add_argument("--controllers", default=argparse.SUPPRESS,
                          help=f"host controllers to run, comma-separated (default: {','.join(HOST_CONTROLLERS)})")
     options.add_argument("--apiserver-port", type=int, default=argparse.SUPPRESS,
@@ -92,7 +107,7 @@ def _dev_options() -> argparse.ArgumentParser:
     return options
 
 
-LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "controllers": ",".join(HOST_CONTROLLERS), "apiserver_port": None}
+LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(HOST_CONTROLLERS), "apiserver_port": None}
 DEV_DEFAULTS = {"project": None, "home": None}
 
 
@@ -130,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help="seconds a Stack may be destroyed without any change (default: %(default)s)")
     dev_down.set_defaults(handler=_dev_down)
 
+    image = commands.add_parser("image", help="the operator's container image, without a registry")
+    image_actions = image.add_subparsers(dest="action", required=True)
+    image_build = image_actions.add_parser(
+        "build", help="build the operator image (Debian tools, cached by content), load it into every running "
+                      "real node, print its name")
+    image_build.add_argument("--state-dir", type=Path, default=default_state_dir(),
+                             help="the local platform whose real nodes get the image (default: %(default)s)")
+    image_build.set_defaults(handler=_image_build)
+
     operator = commands.add_parser("operator", help="the Strata operator")
     operator_actions = operator.add_subparsers(dest="action", required=True)
     # Its options are the operator's own (`strata operator run --help` shows them).
@@ -160,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         return args.handler(args)
-    except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError) as error:
+    except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError, ImageError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -64,6 +64,10 @@ class OperatorArgs(TypedDict):
     """Extra operator flags (e.g. --concurrency=20, --namespace=apps)."""
     env: NotRequired[Mapping[str, str]]
     """Extra environment variables of the operator."""
+    node_selector: NotRequired[Mapping[str, str]]
+    """In-cluster mode: labels of the nodes the operator pods may run on."""
+    tolerations: NotRequired[Sequence[Mapping[str, str]]]
+    """In-cluster mode: taints the operator pods tolerate (e.g. a dedicated node pool's)."""
     local: NotRequired[OperatorLocalArgs]
     """Settings of local mode."""
 
@@ -116,6 +120,7 @@ DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {
 DEFAULT_METRICS_PORT = 8383
 DEFAULT_HEALTH_PORT = 8384
 CONTAINER_COMMAND = ["python", "-m", "strata_operator"]
+OPERATOR_HOME = "/home/strata"  # HOME of the image's user (operator/Dockerfile)
 
 
 def build_operator_flags(metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
@@ -128,7 +133,8 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                               metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
                               resources: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                               args: Sequence[str] = (), image_pull_policy: str = "IfNotPresent",
-                              replicas: int = 1) -> dict[str, Any]:
+                              replicas: int = 1, node_selector: Mapping[str, str] | None = None,
+                              tolerations: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
     """The in-cluster operator: `replicas` pods of which the Lease holder alone handles Stacks (a standby
     answers /healthz too, so probes neither restart it nor hold back a rollout), hardened pod."""
     if not image:
@@ -149,6 +155,8 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                 "metadata": {"labels": LABELS},
                 "spec": {
                     "serviceAccountName": service_account,
+                    **({"nodeSelector": dict(node_selector)} if node_selector else {}),
+                    **({"tolerations": [dict(t) for t in tolerations]} if tolerations else {}),
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "operator", "image": image, "imagePullPolicy": image_pull_policy,
@@ -162,10 +170,12 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                         "resources": dict(resources or DEFAULT_RESOURCES),
                         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}},
-                        # Pulumi workdirs and per-Stack virtualenvs.
-                        "volumeMounts": [{"name": "work", "mountPath": "/tmp"}],
+                        # The root filesystem is read-only: per-Stack workdirs, PULUMI_HOMEs and virtualenvs
+                        # (the image's STRATA_OPERATOR_STATE is under HOME) and temporary files.
+                        "volumeMounts": [{"name": "home", "mountPath": OPERATOR_HOME},
+                                         {"name": "tmp", "mountPath": "/tmp"}],
                     }],
-                    "volumes": [{"name": "work", "emptyDir": {}}],
+                    "volumes": [{"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
                 },
             },
         },
@@ -197,7 +207,8 @@ def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str,
                                       health_port=args.get("health_port", DEFAULT_HEALTH_PORT),
                                       resources=args.get("resources"), env=args.get("env"), args=args.get("args", ()),
                                       image_pull_policy=args.get("image_pull_policy", "IfNotPresent"),
-                                      replicas=args.get("replicas", 1)),
+                                      replicas=args.get("replicas", 1), node_selector=args.get("node_selector"),
+                                      tolerations=args.get("tolerations", ())),
             build_operator_metrics_service(namespace, metrics_port)]
 
 

@@ -21,6 +21,8 @@ CLIENTS = (
     ("admin", "strata-admin", "system:masters"),
     ("controller-manager", "system:kube-controller-manager", None),
     ("scheduler", "system:kube-scheduler", None),
+    # kube-apiserver's identity towards kubelets (logs, exec, port-forward on real nodes).
+    ("kubelet-client", "kube-apiserver-kubelet-client", "system:masters"),
 )
 
 
@@ -71,14 +73,37 @@ def _issue(subject: x509.Name, key, ca_cert: x509.Certificate | None, ca_key, *,
     return builder.sign(ca_key, hashes.SHA256())
 
 
-def ensure_pki(directory: Path) -> Path:
-    """Create the PKI in `directory` unless it is complete already; returns the directory."""
-    directory.mkdir(parents=True, exist_ok=True)
-    wanted = ["ca.crt", "ca.key", "apiserver.crt", "apiserver.key", "sa.key", "sa.pub",
-              *[f"{stem}.{ext}" for stem, _, _ in CLIENTS for ext in ("crt", "key")]]
-    if all((directory / name).exists() for name in wanted):
-        return directory
+def _load_ca(directory: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+    key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    return cert, key
 
+
+def issue_client_certificate(directory: Path, stem: str, common_name: str, organization: str | None) -> None:
+    """`<stem>.crt`/`<stem>.key` signed by the platform's CA, unless they exist already."""
+    if (directory / f"{stem}.crt").exists() and (directory / f"{stem}.key").exists():
+        return
+    ca_cert, ca_key = _load_ca(directory)
+    key = _key()
+    cert = _issue(_name(common_name, organization), key, ca_cert, ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    _write(directory / f"{stem}.key", _pem_key(key), private=True)
+    _write(directory / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM))
+
+
+def ensure_pki(directory: Path) -> Path:
+    """Create the PKI in `directory` unless it is complete already; returns the directory.
+
+    A platform made before a client identity was added keeps its CA and gets only the new certificate."""
+    directory.mkdir(parents=True, exist_ok=True)
+    core = ["ca.crt", "ca.key", "apiserver.crt", "apiserver.key", "sa.key", "sa.pub"]
+    if not all((directory / name).exists() for name in core):
+        _create_core(directory)
+    for stem, common_name, organization in CLIENTS:
+        issue_client_certificate(directory, stem, common_name, organization)
+    return directory
+
+
+def _create_core(directory: Path) -> None:
     ca_key = _key()
     ca_cert = _issue(_name("strata-local-ca"), ca_key, None, ca_key, ca=True)
     _write(directory / "ca.key", _pem_key(ca_key), private=True)
@@ -91,16 +116,11 @@ def ensure_pki(directory: Path) -> Path:
                          usage=ExtendedKeyUsageOID.SERVER_AUTH, sans=sans)
     _write(directory / "apiserver.key", _pem_key(server_key), private=True)
     _write(directory / "apiserver.crt", server_cert.public_bytes(serialization.Encoding.PEM))
-
-    for stem, common_name, organization in CLIENTS:
-        key = _key()
-        cert = _issue(_name(common_name, organization), key, ca_cert, ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH)
-        _write(directory / f"{stem}.key", _pem_key(key), private=True)
-        _write(directory / f"{stem}.crt", cert.public_bytes(serialization.Encoding.PEM))
+    for stem in [stem for stem, _, _ in CLIENTS]:  # leaves of an old CA would not verify under the new one
+        (directory / f"{stem}.crt").unlink(missing_ok=True)
 
     # Service-account tokens are RSA-signed (RS256) by kube-apiserver.
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write(directory / "sa.key", _pem_key(sa_key), private=True)
     _write(directory / "sa.pub", sa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-    return directory

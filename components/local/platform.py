@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import processes
+from . import processes, realnode
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
 from ..kubeconfig import build_client_certificate_kubeconfig, build_token_kubeconfig, pem_data
@@ -50,6 +50,12 @@ class PlatformError(Exception):
     """The platform could not start; the message names the cause and the fix."""
 
 
+def subprocess_ok(argv: list[str]) -> bool:
+    import subprocess
+
+    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(os.environ.get("STRATA_STATE_DIR") or Path(base) / "strata" / "platform")
@@ -59,6 +65,8 @@ def default_state_dir() -> Path:
 class PlatformConfig:
     state_dir: Path = dataclasses.field(default_factory=default_state_dir)
     nodes: int = 1
+    real_nodes: int = 0
+    """Nodes where pods really run (kubelet on containerd; needs root, see realnode.py)."""
     host_controllers: tuple[str, ...] = ("source-controller",)
     apiserver_port: int | None = None
     """A fixed port for kube-apiserver; by default a free one is picked on first start."""
@@ -172,6 +180,10 @@ class LocalPlatform:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--authorization-mode=Node,RBAC", "--service-cluster-ip-range=10.96.0.0/16",
                 "--allow-privileged=true", "--profiling=false", "--watch-cache=true",
+                # Logs, exec and port-forward on real nodes: kubelet checks this certificate.
+                f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
             ]), lambda: https_ok(f"{server}/readyz", pki)),
             (HostProcess("kube-controller-manager", [
                 str(tc.bin("kube-controller-manager")),
@@ -265,6 +277,8 @@ class LocalPlatform:
                 f"({format_seconds(time.monotonic() - started)})")
             if process.name == "kwok":
                 self._ensure_nodes(say)
+        if self.config.real_nodes:
+            self._start_real_nodes(ports, say)
         say(f"local platform ready in {format_seconds(time.monotonic() - started)}: "
             f"https://127.0.0.1:{ports['apiserver']}, kubeconfig {self.kubeconfig_path}")
         return self.info()
@@ -332,9 +346,85 @@ class LocalPlatform:
                                  what="default ServiceAccount")
         say(f"  nodes: {self.config.nodes} kwok node(s) Ready")
 
+    def _start_real_nodes(self, ports: dict[str, int], say: Say) -> None:
+        from .images import ImageError, build_pause_image, load_image
+
+        missing = realnode.missing_requirements(self._kubelet())
+        if missing:
+            raise PlatformError("real nodes cannot start here: missing " + "; ".join(missing))
+        started = time.monotonic()
+        realnode.record_host(self.state)
+        try:
+            realnode.ensure_bridge()
+            pause = build_pause_image(say)
+        except (realnode.RealNodeError, ImageError) as error:
+            raise PlatformError(f"real nodes: {error}") from None
+        gateway = HostProcess(realnode.GATEWAY_PROCESS, [
+            sys.executable, "-m", "strata_components.local.gateway",
+            f"--forward={realnode.SERVICE_ADDRESS}:443=127.0.0.1:{ports['apiserver']}",
+            f"--forward={realnode.NODE_ADDRESS}:{ports['git']}=127.0.0.1:{ports['git']}",
+        ])
+        self._start_and_wait(gateway, lambda: not processes.port_is_free(443, realnode.SERVICE_ADDRESS))
+        ca_data = pem_data((self.pki / "ca.crt").read_text())
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+
+        def kubeconfig(stem: str) -> str:
+            return build_client_certificate_kubeconfig(
+                cluster=KUBECONFIG_CLUSTER, server=server, ca_data=ca_data, user=stem,
+                certificate_data=pem_data((self.pki / f"{stem}.crt").read_text()),
+                key_data=pem_data((self.pki / f"{stem}.key").read_text()))
+
+        for index in range(self.config.real_nodes):
+            node = realnode.prepare_node(self.state, index, self.pki, kubeconfig)
+            self._start_and_wait(realnode.containerd_process(node), lambda node=node: subprocess_ok(
+                ["ctr", "--address", str(node.containerd_socket), "version"]))
+            try:
+                load_image(pause, node.containerd_socket)
+            except ImageError as error:
+                raise PlatformError(f"real node {node.name}: {error}") from None
+            self._start_and_wait(realnode.kubelet_process(node, self._kubelet()),
+                                 lambda node=node: http_ok(f"http://127.0.0.1:{node.healthz_port}/healthz"))
+        self._wait_real_nodes_ready()
+        say(f"  nodes: {self.config.real_nodes} real node(s) Ready (kubelet on containerd, "
+            f"{format_seconds(time.monotonic() - started)})")
+
+    def _kubelet(self) -> Path | None:
+        try:
+            return self.toolchain.bin("kubelet")
+        except ToolchainError:
+            return None
+
+    def _start_and_wait(self, process: HostProcess, ready, timeout: float = 90) -> None:
+        processes.start(process, self.run_dir, self.log_dir)
+        log = self.log_dir / f"{process.name}.log"
+        try:
+            processes.wait_until(lambda: ready() or self._exited(process.name, log), timeout=timeout,
+                                 what=process.name, log=log)
+        except ProcessError:
+            raise PlatformError(f"{process.name} did not become ready in {timeout:.0f}s; see {log}") from None
+
+    def _wait_real_nodes_ready(self) -> None:
+        from kubernetes import client
+
+        from .kube import api_client
+
+        names = {f"real-{index}" for index in range(self.config.real_nodes)}
+        with api_client(self.kubeconfig_path) as api:
+            core = client.CoreV1Api(api)
+
+            def ready() -> bool:
+                nodes = core.list_node(label_selector="type=real").items
+                return names <= {n.metadata.name for n in nodes if any(
+                    c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))}
+
+            try:
+                processes.wait_until(ready, timeout=120, what="real nodes")
+            except ProcessError:
+                raise PlatformError(f"real nodes not Ready in 120s; see {self.log_dir}/kubelet-real-*.log") from None
+
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
-        stopped = []
+        stopped = realnode.stop_nodes(self.state, self.run_dir, say)
         names = list(reversed(PROCESS_PORTS))
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:
@@ -348,6 +438,8 @@ class LocalPlatform:
     def status(self) -> dict[str, bool]:
         names = [name for name in PROCESS_PORTS
                  if name not in HOST_CONTROLLERS or name in self.config.host_controllers]
+        for node in realnode.node_dirs(self.state):
+            names += [f"containerd-{node.name}", f"kubelet-{node.name}"]
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
 
     def start_controller(self, process: HostProcess, ready=None, timeout: float = 60) -> int:

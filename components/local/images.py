@@ -1,0 +1,268 @@
+"""Container images without a registry: built from Debian's tools, loaded straight into a node's containerd.
+
+No registry is reachable here, so images are written as OCI archives and imported with
+`ctr -n k8s.io images import`; pods use them with `imagePullPolicy: IfNotPresent` or `Never`.
+- the pause image (every pod's sandbox) is a static C program compiled with the host's gcc;
+- the operator image follows `operator/Dockerfile`: Debian bookworm (mmdebstrap) with python3,
+  git, openssh-client and ca-certificates; the project installed into /opt/strata from wheels built
+  on the host at the versions of the tested virtualenv (pip in the chroot cannot reach PyPI); the
+  toolchain's pulumi CLI and language hosts in /usr/local/bin; user 65532.
+Archives are cached in `$STRATA_CACHE/images/`, keyed by a digest of everything that goes in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from .progress import Say, format_seconds, stderr_say, step
+from .realnode import PAUSE_IMAGE
+from .toolchain import Toolchain, cache_root
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR_REPOSITORY = "strata.local/strata-operator"
+OPERATOR_USER = 65532
+DEBIAN_SUITE = "bookworm"
+OPERATOR_DEBIAN_PACKAGES = ("python3", "python3-venv", "git", "openssh-client", "ca-certificates")
+# What Dockerfile's `COPY --from=pulumi /pulumi/bin/` gives: the CLI and the hosts updates start.
+PULUMI_BINARIES = ("pulumi", "pulumi-language-yaml", "pulumi-resource-pulumi-python")
+OPERATOR_SOURCES = ("pyproject.toml", "components", "operator")
+
+PAUSE_C = r"""
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void stop(int sig) { (void)sig; _exit(0); }
+static void reap(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+    struct sigaction quit = {.sa_handler = stop}, child = {.sa_handler = reap, .sa_flags = SA_NOCLDSTOP};
+    sigaction(SIGINT, &quit, 0); sigaction(SIGTERM, &quit, 0); sigaction(SIGCHLD, &child, 0);
+    for (;;) pause();
+}
+"""
+
+
+class ImageError(Exception):
+    """An image could not be built or loaded; the message names the step, its output and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageArchive:
+    name: str
+    """Full reference, e.g. strata.local/strata-operator:3f2a9c1d0b4e."""
+    path: Path
+    """The OCI archive (`ctr images import` reads it)."""
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _blob(tar: tarfile.TarFile, data: bytes) -> dict:
+    digest = hashlib.sha256(data).hexdigest()
+    info = tarfile.TarInfo(f"blobs/sha256/{digest}")
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def build_image_config(*, entrypoint: list[str], env: dict[str, str], user: str, workdir: str,
+                       layer_digest: str, ports: Iterable[int] = ()) -> dict:
+    return {
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": [f"{k}={v}" for k, v in env.items()], "User": user,
+                   "WorkingDir": workdir, "ExposedPorts": {f"{port}/tcp": {} for port in ports}},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        "history": [{"created_by": "strata image build"}],
+    }
+
+
+def write_oci_archive(layer: Path, config: dict, name: str, out: Path) -> None:
+    """One uncompressed layer, its config and an index naming the image, as an OCI image layout tarball."""
+    tmp = out.with_name(out.name + ".partial")
+    layer_digest = _sha256_file(layer)
+    with tarfile.open(tmp, "w") as tar:
+        tar.add(layer, arcname=f"blobs/sha256/{layer_digest}")
+        config_blob = _blob(tar, json.dumps(config, sort_keys=True).encode())
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_blob},
+                    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                "digest": f"sha256:{layer_digest}", "size": layer.stat().st_size}]}
+        manifest_blob = _blob(tar, json.dumps(manifest, sort_keys=True).encode())
+        index = {"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_blob,
+            "platform": {"architecture": "amd64", "os": "linux"},
+            "annotations": {"io.containerd.image.name": name,
+                            "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]}}]}
+        _blob_free(tar, "index.json", json.dumps(index).encode())
+        _blob_free(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+    tmp.rename(out)
+
+
+def _blob_free(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _check(argv: list[str], what: str, fix: str, **kwargs) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
+    if result.returncode != 0:
+        last = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise ImageError(f"{what} failed: {' | '.join(last) or 'no output'}; fix: {fix}")
+
+
+def images_dir() -> Path:
+    path = cache_root() / "images"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_pause_image(say: Say = stderr_say) -> ImageArchive:
+    key = hashlib.sha256(PAUSE_C.encode()).hexdigest()[:12]
+    name = PAUSE_IMAGE
+    out = images_dir() / f"pause-{key}.oci.tar"
+    if out.exists():
+        return ImageArchive(name, out)
+    if shutil.which("gcc") is None:
+        raise ImageError("the pause image needs gcc (static C): apt-get install -y gcc libc6-dev")
+    with tempfile.TemporaryDirectory(prefix="strata-pause-") as tmp:
+        source, binary, layer = Path(tmp, "pause.c"), Path(tmp, "pause"), Path(tmp, "layer.tar")
+        source.write_text(PAUSE_C)
+        _check(["gcc", "-static", "-Os", "-s", "-o", str(binary), str(source)], "compiling the pause program",
+               "apt-get install -y gcc libc6-dev")
+        with tarfile.open(layer, "w") as tar:
+            tar.add(binary, arcname="pause")
+        config = build_image_config(entrypoint=["/pause"], env={}, user="65535", workdir="/",
+                                    layer_digest=f"sha256:{_sha256_file(layer)}")
+        write_oci_archive(layer, config, name, out)
+    say(f"  pause image built: {name}")
+    return ImageArchive(name, out)
+
+
+def operator_image_key(toolchain: Toolchain, python_host: Path | None) -> str:
+    """Digest of everything the operator image is made of: sources, pinned deps, binaries, packages."""
+    digest = hashlib.sha256()
+    for top in OPERATOR_SOURCES:
+        paths = [ROOT / top] if (ROOT / top).is_file() else sorted(
+            p for p in (ROOT / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        for path in paths:
+            digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    digest.update(_frozen_requirements().encode())
+    for binary in PULUMI_BINARIES:
+        digest.update(str(toolchain.bin(binary).resolve()).encode())
+    digest.update(str(python_host).encode() + " ".join(OPERATOR_DEBIAN_PACKAGES).encode() + DEBIAN_SUITE.encode())
+    return digest.hexdigest()[:12]
+
+
+def _frozen_requirements() -> str:
+    """The tested virtualenv's versions (this project excluded): the image runs exactly what was tested."""
+    out = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
+                         capture_output=True, text=True, check=True).stdout
+    return "\n".join(line for line in out.splitlines() if line and not line.startswith(("-e ", "strata")))
+
+
+def _base_rootfs(say: Say) -> Path:
+    """A Debian root filesystem with the operator's packages, cached as a tarball (mmdebstrap, ~1 min)."""
+    key = hashlib.sha256(f"{DEBIAN_SUITE} {' '.join(OPERATOR_DEBIAN_PACKAGES)}".encode()).hexdigest()[:12]
+    out = images_dir() / f"debian-{DEBIAN_SUITE}-{key}.tar"
+    if out.exists():
+        return out
+    if shutil.which("mmdebstrap") is None:
+        raise ImageError("building the operator image needs mmdebstrap: apt-get install -y mmdebstrap")
+    with step(f"creating a Debian {DEBIAN_SUITE} root filesystem with {', '.join(OPERATOR_DEBIAN_PACKAGES)}", say):
+        partial = out.with_name(out.name + ".partial")
+        _check(["mmdebstrap", "--variant=minbase", "--mode=root", "--format=tar",
+                f"--include={','.join(OPERATOR_DEBIAN_PACKAGES)}", "--dpkgopt=path-exclude=/usr/share/doc/*",
+                "--dpkgopt=path-exclude=/usr/share/man/*", DEBIAN_SUITE, str(partial)],
+               "mmdebstrap", "check that deb.debian.org is reachable (apt-get update works)")
+        partial.rename(out)
+    return out
+
+
+def build_operator_image(toolchain: Toolchain, python_host: Path | None = None,
+                         say: Say = stderr_say) -> ImageArchive:
+    """The operator image as an OCI archive (cached by content: a rebuild costs nothing when nothing changed).
+
+    `python_host`: a pulumi-language-python to include (the toolchain does not build one; without it
+    the image runs YAML programs and inline Python, like the dev machine without it)."""
+    key = operator_image_key(toolchain, python_host)
+    name = f"{OPERATOR_REPOSITORY}:{key}"
+    out = images_dir() / f"strata-operator-{key}.oci.tar"
+    if out.exists():
+        say(f"  operator image up to date: {name}")
+        return ImageArchive(name, out)
+    started = time.monotonic()
+    base = _base_rootfs(say)
+    with tempfile.TemporaryDirectory(prefix="strata-image-") as tmp:
+        rootfs, wheels = Path(tmp, "rootfs"), Path(tmp, "rootfs", "tmp", "wheels")
+        rootfs.mkdir()
+        _check(["tar", "-xf", str(base), "-C", str(rootfs)], "unpacking the base root filesystem", "free disk space")
+        wheels.mkdir(parents=True)
+        constraints = Path(tmp, "constraints.txt")
+        constraints.write_text(_frozen_requirements() + "\n")
+        with step("building wheels of the project and its pinned dependencies on the host", say):
+            _check([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
+                    "--wheel-dir", str(wheels), "-c", str(constraints), str(ROOT)],
+                   "pip wheel", "check that PyPI is reachable")
+        with step("installing them into /opt/strata inside the image", say):
+            _check(["chroot", str(rootfs), "python3", "-m", "venv", "/opt/strata"], "python3 -m venv", "rebuild")
+            _check(["chroot", str(rootfs), "/opt/strata/bin/pip", "install", "--quiet", "--no-index",
+                    "--disable-pip-version-check", "--no-compile", "--find-links", "/tmp/wheels", "strata"],
+                   "pip install in the image", "see the wheels built above")
+        shutil.rmtree(wheels)
+        bin_dir = rootfs / "usr" / "local" / "bin"
+        for binary in PULUMI_BINARIES:
+            shutil.copy2(toolchain.bin(binary), bin_dir / binary)
+        if python_host is not None:
+            for sibling in python_host.parent.glob("pulumi-language-python*"):
+                shutil.copy2(sibling, bin_dir / sibling.name)
+        _check(["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(OPERATOR_USER), "strata"],
+               "useradd", "rebuild")
+        layer = Path(tmp, "layer.tar")
+        with step("writing the image layer", say):
+            _check(["tar", "--numeric-owner", "--xattrs", "-cf", str(layer), "-C", str(rootfs), "."],
+                   "tar", "free disk space")
+        config = build_image_config(
+            entrypoint=["python", "-m", "strata_operator"], user=str(OPERATOR_USER), workdir="/home/strata",
+            env={"PATH": "/opt/strata/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/home/strata",
+                 "STRATA_OPERATOR_STATE": "/home/strata/state", "PYTHONDONTWRITEBYTECODE": "1"},
+            layer_digest=f"sha256:{_sha256_file(layer)}", ports=(8383, 8384))
+        write_oci_archive(layer, config, name, out)
+    for stale in images_dir().glob("strata-operator-*.oci.tar"):  # 700 MB each: keep the newest only
+        if stale != out:
+            stale.unlink()
+    say(f"operator image {name} built in {format_seconds(time.monotonic() - started)} "
+        f"({out.stat().st_size // (1 << 20)} MiB): {out}")
+    return ImageArchive(name, out)
+
+
+def load_image(archive: ImageArchive, containerd_socket: Path) -> None:
+    """Import into the node's containerd, in the namespace kubelet's CRI uses (k8s.io)."""
+    ctr = ["ctr", "--address", str(containerd_socket), "-n", "k8s.io"]
+    present = subprocess.run([*ctr, "images", "ls", "-q", f"name=={archive.name}"], capture_output=True,
+                             text=True, check=False).stdout.split()
+    if archive.name in present:
+        return
+    _check([*ctr, "images", "import", str(archive.path)], f"importing {archive.name}",
+           f"check the node's containerd ({containerd_socket})")
+
+
+def ambient_python_host() -> Path | None:
+    """The user's pulumi-language-python, if any (`make setup` does not build one)."""
+    found = shutil.which("pulumi-language-python") or (Path.home() / ".pulumi/bin/pulumi-language-python")
+    return Path(found) if Path(found).exists() else None

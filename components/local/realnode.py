@@ -1,0 +1,397 @@
+"""Real nodes: kubelet on containerd beside the kwok ones, so that pods really run.
+
+Opt-in (`strata local up --real-nodes N`): kwok stays the default because its nodes cost nothing.
+A real node needs root and changes the host; `stop_nodes` undoes every change, recorded in
+`nodes/host.json` before the first node starts:
+- a bridge `strata0` holding the pods' gateway 10.88.0.1/16 (also the nodes' InternalIP) and
+  10.96.0.1, the `kubernetes` Service's address: there is no kube-proxy, so the node gateway process
+  forwards that address to the apiserver on loopback and in-cluster clients work unchanged;
+- mounts under the node's directory (kubelet's root, pod volumes, container root filesystems);
+- cgroups under /strata-<node> in every hierarchy;
+- iptables chains kubelet adds (KUBE-FIREWALL, KUBE-KUBELET-CANARY, ...);
+- the sysctls kubelet sets (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops): restored;
+- /var/lib/kubelet, /var/log/containers and /var/log/pods, where kubelet creates them.
+Real nodes carry the taint `strata.dev/real-node=true:NoSchedule`: workloads written for kwok keep
+landing on kwok, and a pod that must run says so with a toleration and the `type: real` node label.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import processes
+from .kube import write_private
+from .pki import issue_client_certificate
+from .processes import HostProcess
+
+BRIDGE = "strata0"
+NODE_ADDRESS = "10.88.0.1"
+POD_PREFIX_LENGTH = 16
+SERVICE_ADDRESS = "10.96.0.1"  # the `kubernetes` Service's ClusterIP (first of --service-cluster-ip-range)
+PAUSE_IMAGE = "strata.local/pause:3.10"
+NODE_LABEL = {"type": "real"}
+TAINT = {"key": "strata.dev/real-node", "value": "true", "effect": "NoSchedule"}
+TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"], "effect": TAINT["effect"]}
+KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
+HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
+CNI_BIN_DIR = Path("/usr/lib/cni")
+DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "iproute2")
+GATEWAY_PROCESS = "node-gateway"
+INSTALL_HINT = f"apt-get install -y {' '.join(DEBIAN_PACKAGES)}"
+
+
+class RealNodeError(Exception):
+    """A real node could not start or stop; the message names the cause and the fix."""
+
+
+def missing_requirements(kubelet: Path | None) -> list[str]:
+    """Why a real node cannot start on this machine (empty: it can)."""
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root (kubelet mounts volumes, creates cgroups and iptables chains): run as root")
+    tools = {"containerd": "containerd", "runc": "runc", "ctr": "containerd", "iptables": "iptables",
+             "ip": "iproute2"}
+    absent = sorted({package for tool, package in tools.items() if shutil.which(tool) is None}
+                    | ({"containernetworking-plugins"} if not (CNI_BIN_DIR / "bridge").exists() else set()))
+    if absent:
+        missing.append(f"Debian packages {', '.join(absent)}: apt-get install -y {' '.join(absent)}")
+    if kubelet is None or not kubelet.exists():
+        missing.append("kubelet in the toolchain: run `make setup`")
+    if not Path("/sys/fs/cgroup").is_dir():
+        missing.append("cgroups mounted at /sys/fs/cgroup")
+    return missing
+
+
+@dataclasses.dataclass(frozen=True)
+class RealNode:
+    """One kubelet and its containerd, in `<state>/nodes/<name>/`."""
+
+    name: str
+    index: int
+    directory: Path
+    kubelet_port: int
+    healthz_port: int
+
+    @property
+    def runtime_dir(self) -> Path:
+        """Sockets live in /run: a unix socket path may not exceed 107 bytes, state directories can."""
+        digest = hashlib.sha256(str(self.directory).encode()).hexdigest()[:12]
+        return Path("/run/strata") / digest
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.runtime_dir / "containerd.sock"
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/strata-{self.name}"
+
+    @property
+    def pod_range(self) -> tuple[str, str]:
+        return f"10.88.{self.index + 1}.2", f"10.88.{self.index + 1}.254"
+
+
+def build_containerd_config(node: RealNode) -> str:
+    """containerd 1.6 (config v2) owning nothing outside the node's directory and runtime dir."""
+    d = node.directory / "containerd"
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return "\n".join([
+        "version = 2",
+        f'root = "{d / "root"}"',
+        f'state = "{node.runtime_dir / "state"}"',
+        "[grpc]", f'  address = "{node.containerd_socket}"',
+        "[ttrpc]", f'  address = "{node.containerd_socket}.ttrpc"',
+        '[plugins."io.containerd.internal.v1.opt"]', f'  path = "{d / "opt"}"',
+        f"[{cri}]",
+        f'  sandbox_image = "{PAUSE_IMAGE}"',
+        # Without CAP_SYS_RESOURCE (VMs like this one) every sandbox fails with "can't get final
+        # child's PID from pipe" unless containerd keeps oom_score_adj within what it may set.
+        "  restrict_oom_score_adj = true",
+        f"[{cri}.cni]", f'  bin_dir = "{CNI_BIN_DIR}"', f'  conf_dir = "{node.directory / "cni"}"',
+        f"[{cri}.containerd.runtimes.runc]", '  runtime_type = "io.containerd.runc.v2"',
+        f"[{cri}.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
+        "",
+    ])
+
+
+def build_cni_config(node: RealNode) -> dict:
+    """Pods on the shared bridge, each node handing out addresses from its own /24."""
+    start, end = node.pod_range
+    return {
+        "cniVersion": "1.0.0", "name": "strata",
+        "plugins": [{
+            "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
+            "ipam": {"type": "host-local", "dataDir": str(node.directory / "ipam"),
+                     "ranges": [[{"subnet": f"10.88.0.0/{POD_PREFIX_LENGTH}", "rangeStart": start,
+                                  "rangeEnd": end, "gateway": NODE_ADDRESS}]],
+                     "routes": [{"dst": "0.0.0.0/0"}]},
+        }, {"type": "loopback"}],
+    }
+
+
+def build_kubelet_config(node: RealNode, ca_file: Path) -> dict:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "address": NODE_ADDRESS, "port": node.kubelet_port, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": node.healthz_port,
+        # Only the apiserver (its kubelet-client certificate) and RBAC-checked callers get in.
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(ca_file)}},
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
+        # cgroups v1 here, no systemd: cgroupfs, under a root of the node's own.
+        "cgroupDriver": "cgroupfs", "cgroupRoot": node.cgroup_root, "failCgroupV1": False,
+        "failSwapOn": False,
+        "podLogsDir": str(node.directory / "pod-logs"),
+        "registerWithTaints": [TAINT],
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        "makeIPTablesUtilChains": False,
+        # A developer's disk is often fuller than a server's: evict only when it is really full.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs.available": "2%",
+                         "nodefs.inodesFree": "2%"},
+        "imageGCHighThresholdPercent": 99, "imageGCLowThresholdPercent": 98,
+        "serializeImagePulls": False,
+        "shutdownGracePeriod": "0s",
+    }
+
+
+def kubelet_process(node: RealNode, kubelet: Path) -> HostProcess:
+    labels = ",".join(f"{k}={v}" for k, v in NODE_LABEL.items())
+    return HostProcess(f"kubelet-{node.name}", [
+        str(kubelet), f"--config={node.directory / 'kubelet.yaml'}",
+        f"--kubeconfig={node.directory / 'kubeconfig'}", f"--root-dir={node.directory / 'kubelet'}",
+        f"--cert-dir={node.directory / 'kubelet-pki'}", f"--node-ip={NODE_ADDRESS}",
+        f"--hostname-override={node.name}", f"--node-labels={labels}", "--v=1",
+    ])
+
+
+def containerd_process(node: RealNode) -> HostProcess:
+    return HostProcess(f"containerd-{node.name}", ["/usr/bin/containerd",
+                                                  f"--config={node.directory / 'containerd.toml'}"])
+
+
+# -- host changes ---------------------------------------------------------------------------------
+
+def _run(*argv: str, check: bool = True) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise RealNodeError(f"`{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()}")
+    return result.stdout
+
+
+def _succeeds(*argv: str) -> bool:
+    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+
+
+def _iptables_chains() -> dict[str, list[str]]:
+    chains = {}
+    for table in ("filter", "nat", "mangle"):
+        out = _run("iptables", "-t", table, "-S", check=False)
+        chains[table] = sorted(line.split()[1] for line in out.splitlines() if line.startswith("-N "))
+    return chains
+
+
+def _read_sysctl(name: str) -> str:
+    return Path("/proc/sys", *name.split(".")).read_text().strip()
+
+
+def record_host(state: Path) -> dict:
+    """What the host looks like before any real node starts (kept until the last one stops)."""
+    record_file = state / "nodes" / "host.json"
+    if record_file.exists():
+        return json.loads(record_file.read_text())
+    record = {"sysctls": {name: _read_sysctl(name) for name in KUBELET_SYSCTLS},
+              "iptables": _iptables_chains(),
+              "dirs": [path for path in HOST_DIRS if Path(path).exists()]}
+    record_file.parent.mkdir(parents=True, exist_ok=True)
+    record_file.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def ensure_bridge() -> None:
+    if not Path(f"/sys/class/net/{BRIDGE}").exists():
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    addresses = _run("ip", "-o", "addr", "show", "dev", BRIDGE)
+    for address in (f"{NODE_ADDRESS}/{POD_PREFIX_LENGTH}", f"{SERVICE_ADDRESS}/32"):
+        if f" {address} " not in addresses:
+            _run("ip", "addr", "add", address, "dev", BRIDGE)
+    _run("ip", "link", "set", BRIDGE, "up")
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve())
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            mounts.append(point)
+    return mounts
+
+
+def kill_containers(node: RealNode) -> int:
+    """Kill what runs in the node's pods (their cgroups) and containerd's shims for the node."""
+    victims = set()
+    socket = str(node.containerd_socket)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroups = (entry / "cgroup").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        in_node = any(line.split(":", 2)[-1].startswith(node.cgroup_root + "/") for line in cgroups.splitlines())
+        shim = argv[0].endswith(b"containerd-shim-runc-v2") and socket.encode() in b" ".join(argv)
+        if in_node or shim:
+            victims.add(int(entry.name))
+    for pid in victims:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    # Mounts held by a dying process are busy until it is gone.
+    processes.wait_until(lambda: not any(_running(pid) for pid in victims), timeout=10,
+                         what="container processes gone after SIGKILL")
+    return len(victims)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def unmount_under(root: Path) -> None:
+    for point in sorted(_mounts_under(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def ensure_cgroups(node: RealNode) -> None:
+    """kubelet wants its cgroup root present in every hierarchy (cgroups v1 here)."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        if not (hierarchy / "cgroup.procs").exists():
+            continue
+        top = hierarchy / node.cgroup_root.lstrip("/")
+        top.mkdir(exist_ok=True)
+        for inherited in ("cpuset.cpus", "cpuset.mems"):  # an empty cpuset admits no process
+            if (top / inherited).exists() and not (top / inherited).read_text().strip():
+                (top / inherited).write_text((hierarchy / inherited).read_text())
+
+
+def remove_cgroups(node: RealNode) -> None:
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        top = hierarchy / node.cgroup_root.lstrip("/")
+        if not top.is_dir():
+            continue
+        for directory in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                                reverse=True) + [top]:
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
+
+
+def restore_host(state: Path) -> list[str]:
+    """Undo what the nodes changed on the host; returns what could not be undone."""
+    record_file = state / "nodes" / "host.json"
+    if not record_file.exists():
+        return []
+    record = json.loads(record_file.read_text())
+    left = []
+    for name, value in record["sysctls"].items():
+        if _read_sysctl(name) != value and not _succeeds("sysctl", "-q", "-w", f"{name}={value}"):
+            left.append(f"sysctl {name} (was {value})")
+    for table, chains in _iptables_chains().items():
+        added = [chain for chain in chains if chain not in record["iptables"].get(table, [])]
+        for chain in added:  # first every reference, then the chains themselves
+            _succeeds("iptables", "-t", table, "-F", chain)
+        for line in _run("iptables", "-t", table, "-S", check=False).splitlines():
+            if line.startswith("-A ") and any(f"-j {chain}" in line for chain in added):
+                _succeeds("iptables", "-t", table, *line.replace("-A ", "-D ", 1).split())
+        for chain in added:
+            if not _succeeds("iptables", "-t", table, "-X", chain):
+                left.append(f"iptables chain {table}/{chain}")
+    if Path(f"/sys/class/net/{BRIDGE}").exists() and not _succeeds("ip", "link", "delete", BRIDGE):
+        left.append(f"network bridge {BRIDGE}")
+    for path in HOST_DIRS:
+        if path not in record["dirs"] and Path(path).exists():
+            unmount_under(Path(path))
+            shutil.rmtree(path, ignore_errors=True)
+            if Path(path).exists():
+                left.append(path)
+    record_file.unlink()
+    return left
+
+
+# -- lifecycle ------------------------------------------------------------------------------------
+
+def node_dirs(state: Path) -> list[Path]:
+    root = state / "nodes"
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def load_node(directory: Path) -> RealNode:
+    record = json.loads((directory / "node.json").read_text())
+    return RealNode(name=record["name"], index=record["index"], directory=directory,
+                    kubelet_port=record["kubelet_port"], healthz_port=record["healthz_port"])
+
+
+def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder) -> RealNode:
+    """The node's directory, configs and client certificate (ports allocated once, kept in node.json)."""
+    name = f"real-{index}"
+    directory = state / "nodes" / name
+    if (directory / "node.json").exists():
+        node = load_node(directory)
+    else:
+        kubelet_port, healthz_port = processes.free_ports(2)
+        node = RealNode(name=name, index=index, directory=directory, kubelet_port=kubelet_port,
+                        healthz_port=healthz_port)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "node.json").write_text(json.dumps(
+            {"name": name, "index": index, "kubelet_port": kubelet_port, "healthz_port": healthz_port}))
+    import yaml
+
+    issue_client_certificate(pki, f"node-{name}", f"system:node:{name}", "system:nodes")
+    write_private(directory / "kubeconfig", kubeconfig_builder(f"node-{name}"))
+    (directory / "containerd.toml").write_text(build_containerd_config(node))
+    (directory / "kubelet.yaml").write_text(yaml.safe_dump(build_kubelet_config(node, pki / "ca.crt")))
+    (directory / "cni").mkdir(exist_ok=True)
+    (directory / "cni" / "10-strata.conflist").write_text(json.dumps(build_cni_config(node), indent=1))
+    node.runtime_dir.mkdir(parents=True, exist_ok=True)
+    ensure_cgroups(node)
+    return node
+
+
+def stop_nodes(state: Path, run_dir: Path, say) -> list[str]:
+    """Stop every real node and the gateway, then undo what they changed on the host."""
+    stopped = []
+    nodes = [load_node(d) for d in node_dirs(state) if (d / "node.json").exists()]
+    for node in nodes:
+        if processes.stop(run_dir, f"kubelet-{node.name}"):
+            stopped.append(f"kubelet-{node.name}")
+        killed = kill_containers(node)
+        if processes.stop(run_dir, f"containerd-{node.name}"):
+            stopped.append(f"containerd-{node.name}")
+        kill_containers(node)  # a shim that outlived containerd
+        unmount_under(node.runtime_dir)
+        unmount_under(node.directory)
+        remove_cgroups(node)
+        shutil.rmtree(node.runtime_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            node.runtime_dir.parent.rmdir()  # /run/strata, when no other platform's node uses it
+        say(f"  stopped real node {node.name} ({killed} container process(es) killed)")
+    if processes.stop(run_dir, GATEWAY_PROCESS):
+        stopped.append(GATEWAY_PROCESS)
+    left = restore_host(state)
+    if left:
+        say(f"  could not undo on the host: {', '.join(left)}")
+    return stopped
