@@ -1,9 +1,11 @@
 """Run the test tiers and report each one: unit, integration, engine, e2e.
 
 unit, integration and engine always run, in one pytest session (so the local platform starts once),
-and each must have collected tests: an empty tier is a broken tier, not a green one. e2e needs the
-Python language host and the kubernetes/flux provider plugins; where they are missing it is reported
-NOT RUN with the reason and counted neither as passed nor as failed.
+and each must have collected tests: an empty tier is a broken tier, not a green one. Two tiers run
+in sessions of their own where the machine allows, else they are reported NOT RUN with the reason
+and counted neither as passed nor as failed: e2e needs the Python language host and the
+kubernetes/flux provider plugins; realnode needs root, containerd and the image tools (its platform
+has a real node, and only one such platform can run on a host).
 """
 
 from __future__ import annotations
@@ -49,9 +51,19 @@ def run_pytest(paths: list[str], extra: list[str]) -> tuple[int, dict[str, Count
     return code, counts
 
 
+def missing_requirements(tier: str) -> list[str]:
+    """What this machine lacks for a tier that needs more than the others (tests/<tier>/requirements.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{tier}_requirements", ROOT / "tests" / tier / "requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, f"missing_{tier}_requirements")()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiers", default="unit,integration,engine,e2e")
+    parser.add_argument("--tiers", default="unit,integration,engine,realnode,e2e")
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (e.g. -k NAME)")
     args = parser.parse_args()
     tiers = args.tiers.split(",")
@@ -76,19 +88,18 @@ def main() -> int:
             failed |= tally["failed"] > 0
             report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
 
-    if "e2e" in tiers:
-        sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-        from requirements import missing_e2e_requirements
-
-        missing = missing_e2e_requirements()
+    for tier in ("realnode", "e2e"):
+        if tier not in tiers:
+            continue
+        missing = missing_requirements(tier)
         if missing:
-            report.append(f"{'e2e':12} NOT RUN (not counted as passed): missing {'; '.join(missing)}")
-        else:
-            code, e2e_counts = run_pytest(["tests/e2e"], ["-q", *args.pytest_args])
-            tally = e2e_counts.get("e2e", Counter())
-            failed |= code != 0 or tally["passed"] == 0
-            counts["e2e"] = tally
-            report.append(f"{'e2e':12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
+            report.append(f"{tier:12} NOT RUN (not counted as passed): missing {'; '.join(missing)}")
+            continue
+        code, tier_counts = run_pytest([f"tests/{tier}"], ["-q", *args.pytest_args])
+        tally = tier_counts.get(tier, Counter())
+        failed |= code != 0 or tally["passed"] == 0
+        counts[tier] = tally
+        report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
 
     total = Counter()
     for tally in counts.values():

@@ -1,0 +1,159 @@
+"""The operator in-cluster, from its own image, as the Operator component renders it: two replicas on the
+real node, probes answering, one leader, a takeover within the Lease time when the leader's pod is
+deleted, and Stacks run to Ready from inside the pod under the operator's ServiceAccount."""
+
+from __future__ import annotations
+
+import base64
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+
+from strata_components.local import processes, realnode
+from strata_components.local.kube import server_side_apply
+from strata_components.local.operator_host import OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, install_operator_api
+from strata_components.operator import LABELS, PROCESS_NAME, build_operator_objects, load_packaged_manifests
+
+LEASE = "strata-operator-leader"
+PASSPHRASE = "realnode-passphrase-0b7e"
+SELECTOR = f"app.kubernetes.io/name={LABELS['app.kubernetes.io/name']}"
+STASH_PROJECT = """name: {name}
+runtime: yaml
+resources:
+  greeting: {{type: "pulumi:index:Stash", properties: {{input: "{value}"}}}}
+outputs:
+  greeting: ${{greeting.input}}
+"""
+
+
+def _operator_pods(core: client.CoreV1Api) -> list[client.V1Pod]:
+    return [pod for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items
+            if pod.metadata.deletion_timestamp is None]
+
+
+def _ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _holder(kube_client) -> str:
+    try:
+        lease = client.CoordinationV1Api(kube_client).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE)
+    except client.ApiException as error:
+        if error.status == 404:
+            return ""
+        raise
+    return lease.spec.holder_identity or ""
+
+
+@pytest.fixture(scope="module")
+def deployed(platform, kube_client, operator_image) -> Iterator[dict]:
+    """Everything the Operator component creates in in-cluster mode, server-side applied; waits for 2 Ready pods."""
+    install_operator_api(platform.kubeconfig_path)
+    objects = build_operator_objects({
+        "provider": None, "mode": "in-cluster", "image": operator_image.name, "image_pull_policy": "Never",
+        "replicas": 2, "node_selector": realnode.NODE_LABEL, "tolerations": [realnode.TOLERATION],
+        "args": ["--min-resync-seconds=3"],
+    }, load_packaged_manifests("rbac"))
+    started = time.monotonic()
+    server_side_apply(platform.kubeconfig_path, objects)
+    core = client.CoreV1Api(kube_client)
+
+    def two_ready():
+        pods = _operator_pods(core)
+        return pods if len(pods) == 2 and all(_ready(p) for p in pods) else None
+
+    try:
+        processes.wait_until(two_ready, 120, "two operator pods Ready")
+    except processes.ProcessError:
+        seen = [(p.metadata.name, p.status.phase, p.status.container_statuses) for p in _operator_pods(core)]
+        raise AssertionError(f"operator pods: {seen}") from None
+    yield {"apply_to_ready_seconds": time.monotonic() - started}
+    client.AppsV1Api(kube_client).delete_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE)
+
+
+def test_two_replicas_ready_with_probes_answering_and_one_leader(deployed, kube_client):
+    core = client.CoreV1Api(kube_client)
+    pods = _operator_pods(core)
+    for pod in pods:
+        container = pod.spec.containers[0]
+        assert container.liveness_probe.http_get.path == "/healthz"
+        assert container.readiness_probe.http_get.path == "/healthz"
+        assert pod.spec.service_account_name == OPERATOR_SERVICE_ACCOUNT
+        assert pod.status.container_statuses[0].restart_count == 0
+        # What kubelet's probes ask, asked from the host over the pods' bridge.
+        with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8384/healthz", timeout=5) as response:
+            assert response.status == 200
+    names = {pod.metadata.name for pod in pods}
+    holder = processes.wait_until(lambda: _holder(kube_client), 30, "a leader")
+    assert holder.rsplit("_", 1)[0] in names, (holder, names)
+
+
+def _stack(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict:
+    return custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", name)
+
+
+def _wait_ready(custom: client.CustomObjectsApi, namespace: str, name: str, timeout: float = 120) -> dict:
+    last = {}
+
+    def ready():
+        last["stack"] = _stack(custom, namespace, name)
+        conditions = (last["stack"].get("status") or {}).get("conditions") or []
+        return last["stack"] if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+
+    try:
+        return processes.wait_until(ready, timeout, f"Stack {name} Ready")
+    except processes.ProcessError:
+        raise AssertionError(f"Stack {name} not Ready: {(last.get('stack') or {}).get('status')}") from None
+
+
+def test_program_and_git_stacks_run_to_ready_inside_the_operator_pod(deployed, platform, kube_client, namespace):
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"},
+                                              "data": {"passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
+    base = {"stack": "dev", "backend": f"file:///home/strata/state/backends/{namespace}",
+            "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi",
+                                                                                 "key": "passphrase"}}}}
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
+        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hello"},
+        "program": {"resources": {"greeting": {"type": "pulumi:index:Stash", "properties": {"input": "from a Program"}}},
+                    "outputs": {"greeting": "${greeting.input}"}}})
+    repo = f"realnode-{uuid.uuid4().hex[:6]}"
+    platform.info().git.create(repo, {"Pulumi.yaml": STASH_PROJECT.format(name=repo, value="from git")})
+    # The git server listens on loopback; pods reach it through the node gateway on the bridge.
+    repo_url = f"http://{realnode.NODE_ADDRESS}:{platform.info().ports['git']}/{repo}.git"
+    for name, source in (("from-program", {"programRef": {"name": "hello"}}),
+                         ("from-git", {"projectRepo": repo_url, "branch": "main"})):
+        custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+            "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": {**base, **source}})
+    assert _wait_ready(custom, namespace, "from-program")["status"]["outputs"] == {"greeting": "from a Program"}
+    assert _wait_ready(custom, namespace, "from-git")["status"]["outputs"] == {"greeting": "from git"}
+
+    leader = _holder(kube_client).rsplit("_", 1)[0]
+    log = core.read_namespaced_pod_log(leader, OPERATOR_NAMESPACE)
+    assert f"[{namespace}/from-program]" in log and f"[{namespace}/from-git]" in log
+    for pod in _operator_pods(core):
+        if pod.metadata.name != leader:  # the standby ran nothing
+            assert f"[{namespace}/" not in core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE)
+
+
+def test_the_standby_takes_over_within_the_lease_time_when_the_leader_pod_is_deleted(deployed, kube_client):
+    core = client.CoreV1Api(kube_client)
+    lease = client.CoordinationV1Api(kube_client).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE)
+    leader = lease.spec.holder_identity.rsplit("_", 1)[0]
+    standby = next(p.metadata.name for p in _operator_pods(core) if p.metadata.name != leader)
+    deleted = time.monotonic()
+    # Even without a grace period kubelet stops the container with SIGTERM first: the leader releases
+    # the Lease on its way out (a leader killed outright is tested on the host: test_leader_election.py).
+    core.delete_namespaced_pod(leader, OPERATOR_NAMESPACE, grace_period_seconds=0)
+    new_holder = processes.wait_until(lambda: (h := _holder(kube_client)) and not h.startswith(leader) and h,
+                                      lease.spec.lease_duration_seconds * 3, "a new leader")
+    took = time.monotonic() - deleted
+    print(f"takeover after the leader pod was deleted: {took:.1f}s (Lease {lease.spec.lease_duration_seconds}s)")
+    # The standby, or the Deployment's replacement pod if it came up and won the race: never the dead one.
+    assert new_holder.rsplit("_", 1)[0] in {p.metadata.name for p in _operator_pods(core)} - {leader}, new_holder
+    print(f"new leader: {'the standby' if new_holder.startswith(standby) else 'the replacement pod'}")
+    assert took < lease.spec.lease_duration_seconds, took

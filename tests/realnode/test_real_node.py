@@ -1,0 +1,98 @@
+"""A real node: pods run in containerd, reach the apiserver with their ServiceAccount token through the
+`kubernetes` Service, their logs come back through kubelet; kwok workloads stay on kwok; `down`
+leaves the host as it found it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from kubernetes import client
+
+from strata_components.local import processes, realnode
+from strata_components.local.platform import LocalPlatform
+
+from .conftest import real_node_pod_spec
+
+# Runs in the operator image: who am I, asked of the apiserver with the pod's own credentials only.
+WHOAMI = """
+import json, os, ssl, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+context = ssl.create_default_context(cafile=f"{sa}/ca.crt")
+host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
+request = urllib.request.Request(f"https://{host}:{port}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    data=b'{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}', method="POST",
+    headers={"Authorization": "Bearer " + open(f"{sa}/token").read(), "Content-Type": "application/json"})
+review = json.load(urllib.request.urlopen(request, context=context, timeout=10))
+print("WHOAMI", host, port, review["status"]["userInfo"]["username"])
+"""
+
+
+def _wait_phase(core: client.CoreV1Api, namespace: str, name: str, phases: set[str], timeout: float = 90):
+    def phase():
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase in phases else None
+
+    try:
+        return processes.wait_until(phase, timeout, f"pod {name} in {sorted(phases)}")
+    except processes.ProcessError:
+        pod = core.read_namespaced_pod(name, namespace)
+        raise AssertionError(f"pod {name}: phase {pod.status.phase}, {pod.status.container_statuses}") from None
+
+
+def test_a_pod_runs_and_calls_the_apiserver_as_its_service_account(kube_client, namespace, operator_image):
+    core = client.CoreV1Api(kube_client)
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "whoami"}, "spec": real_node_pod_spec(
+        restartPolicy="Never",
+        containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
+                     "command": ["python", "-c", WHOAMI]}])})
+    pod = _wait_phase(core, namespace, "whoami", {"Succeeded", "Failed"})
+    log = core.read_namespaced_pod_log("whoami", namespace)  # apiserver -> kubelet, with its client certificate
+    assert pod.status.phase == "Succeeded", log
+    assert pod.spec.node_name == "real-0"
+    assert pod.status.pod_ip.startswith("10.88.1."), pod.status.pod_ip
+    assert f"WHOAMI {realnode.SERVICE_ADDRESS} 443 system:serviceaccount:{namespace}:default" in log
+
+
+def test_workloads_without_the_toleration_stay_on_kwok(kube_client, namespace):
+    core = client.CoreV1Api(kube_client)
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "plain"}, "spec": {
+        "containers": [{"name": "main", "image": "registry.example/app:1"}]}})
+    pod = _wait_phase(core, namespace, "plain", {"Running"})
+    assert pod.spec.node_name.startswith("strata-node-"), pod.spec.node_name
+
+
+def _host_view(node: realnode.RealNode) -> dict:
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return {
+        "sysctls": {name: realnode._read_sysctl(name) for name in realnode.KUBELET_SYSCTLS},
+        "bridge": Path(f"/sys/class/net/{realnode.BRIDGE}").exists(),
+        "mounts": [m for m in mounts if m.startswith((str(node.directory), str(node.runtime_dir)))],
+        "cgroups": [str(h) for h in Path("/sys/fs/cgroup").iterdir() if (h / node.cgroup_root.lstrip("/")).exists()],
+        "host_dirs": [d for d in realnode.HOST_DIRS if Path(d).exists()],
+        "iptables_chains": realnode._iptables_chains(),
+        "processes": subprocess.run(["pgrep", "-f", f"{node.name}|{node.runtime_dir}"], capture_output=True,
+                                    text=True, check=False).stdout.split(),
+    }
+
+
+def test_down_undoes_what_the_node_changed_on_the_host(platform: LocalPlatform, node, kube_client, namespace,
+                                                       operator_image):
+    record = json.loads((platform.state / "nodes" / "host.json").read_text())
+    core = client.CoreV1Api(kube_client)
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "busy"}, "spec": real_node_pod_spec(
+        containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
+                     "command": ["sleep", "3600"]}])})
+    _wait_phase(core, namespace, "busy", {"Running"})
+    running = _host_view(node)
+    assert running["bridge"] and running["mounts"] and running["cgroups"], running
+
+    platform.down(say=print)
+    after = _host_view(node)
+    try:
+        assert after == {"sysctls": record["sysctls"], "bridge": False, "mounts": [], "cgroups": [],
+                         "host_dirs": record["dirs"], "iptables_chains": record["iptables"], "processes": []}
+        assert not (platform.state / "nodes" / "host.json").exists()
+    finally:
+        platform.up(say=print)  # the session's platform, for whatever runs after
