@@ -5,9 +5,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.strata-installed
 
-.PHONY: setup venv toolchain up down test test-unit bench clean
+.PHONY: setup venv toolchain host-packages image up down test test-unit bench clean
 
-setup: venv toolchain
+setup: venv toolchain host-packages
 
 venv: $(STAMP)
 
@@ -20,6 +20,15 @@ $(STAMP): pyproject.toml
 
 toolchain: venv
 	@$(VENV)/bin/strata local toolchain
+
+# Real nodes (`strata local up --real-nodes N`) need containerd, runc, CNI plugins and image tools from
+# Debian: installed as root, else named (kwok nodes need none of it).
+host-packages: venv
+	@$(VENV)/bin/strata local host-packages
+
+# The operator image, built without a registry and loaded into every running real node.
+image: setup
+	@$(VENV)/bin/strata image build
 
 # TIMEOUT=<seconds>: how long `make up` waits for every Stack to be Ready (default 1200).
 # Checks first (seconds, standard library only): without the Python language host or the provider

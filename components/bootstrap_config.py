@@ -34,6 +34,8 @@ def cluster_args(settings: dict[str, Any]) -> ClusterArgs:
         local = settings.get("local", {})
         args["local"] = {"state_dir": local.get("stateDir", DEFAULT_STATE_DIR), "nodes": int(local.get("nodes", 1)),
                          "host_controllers": list(local.get("hostControllers", DEFAULT_HOST_CONTROLLERS))}
+        if "realNodes" in local:
+            args["local"]["real_nodes"] = int(local["realNodes"])
     elif mode == "existing":
         existing = settings.get("existing", {})
         args["existing"] = ({"kubeconfig_path": existing["kubeconfigPath"]} if "kubeconfigPath" in existing

@@ -56,6 +56,13 @@ def _local_toolchain(args: argparse.Namespace) -> int:
     return toolchain.main([*args.names, *(arg for name in args.rebuild for arg in ("--rebuild", name))])
 
 
+def _local_host_packages(_args: argparse.Namespace) -> int:
+    from .local import realnode
+
+    realnode.ensure_debian_packages(lambda line: print(line, file=sys.stderr))
+    return 0  # optional: kwok nodes need none of it
+
+
 def _dev_up(args: argparse.Namespace) -> int:
     devstack.up(args.project, devstack.dev_home(args.home), timeout=args.timeout)
     return 0
@@ -128,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     tools.add_argument("names", nargs="*", help="tools to build (default: all)")
     tools.add_argument("--rebuild", action="append", default=[], help="rebuild this tool even if cached")
     tools.set_defaults(handler=_local_toolchain)
+    local_actions.add_parser("host-packages", help="install (as root) or name the Debian packages real nodes need"
+                             ).set_defaults(handler=_local_host_packages)
 
     dev_options = _dev_options()
     dev = commands.add_parser("dev", parents=[dev_options], help="the bootstrap program's dev stack (`make up`)")

@@ -28,6 +28,8 @@ class LocalClusterArgs(TypedDict):
     """Directory holding the platform's state (PKI, etcd data, logs, kubeconfig); one platform per directory."""
     nodes: NotRequired[int]
     """Number of kwok fake nodes (default 1)."""
+    real_nodes: NotRequired[int]
+    """Nodes where pods really run: kubelet on containerd (default 0; needs root and Debian's containerd)."""
     host_controllers: NotRequired[Sequence[str]]
     """Flux controllers the platform runs as host processes (default source- and kustomize-controller)."""
 
@@ -100,6 +102,8 @@ def validate_cluster_args(args: ClusterArgs) -> None:
             raise ValueError("existing cluster: give exactly one of `kubeconfig` (content) or `kubeconfig_path`")
     if mode == "local" and args["local"].get("nodes", 1) < 1:
         raise ValueError("local cluster: `nodes` must be at least 1")
+    if mode == "local" and not 0 <= args["local"].get("real_nodes", 0) <= 8:
+        raise ValueError("local cluster: `real_nodes` must be between 0 and 8 (each gets a /24 of 10.88.0.0/16)")
 
 
 # -- local mode: the platform as a dynamic resource ------------------------------------------------
@@ -119,6 +123,7 @@ def _platform(props: dict[str, Any]):
     from strata_components.local.platform import LocalPlatform, PlatformConfig
 
     return LocalPlatform(PlatformConfig(state_dir=Path(props["state_dir"]), nodes=int(props["nodes"]),
+                                        real_nodes=int(props.get("real_nodes", 0)),
                                         host_controllers=tuple(props["host_controllers"])))
 
 
@@ -139,7 +144,8 @@ class LocalPlatformProvider(pulumi.dynamic.ResourceProvider):
         return pulumi.dynamic.CreateResult(id_=str(Path(props["state_dir"]).resolve()), outs=self._outputs(props))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.DiffResult:
-        return plan_change(olds, news, replace_on=("state_dir",), update_on=("nodes", "host_controllers"),
+        return plan_change(olds, news, replace_on=("state_dir",),
+                           update_on=("nodes", "real_nodes", "host_controllers"),
                            running=all(_platform(olds).status().values()))
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
@@ -168,6 +174,8 @@ class LocalPlatformResource(pulumi.dynamic.Resource):
             "host_controllers": list(args.get("host_controllers", DEFAULT_HOST_CONTROLLERS)),
             "kubeconfig": None, "server": None, "kubeconfig_path": None, "flux_bundle_url": None, "git_url": None,
         }
+        if args.get("real_nodes"):  # only when asked: platforms made before real nodes existed see no change
+            props["real_nodes"] = args["real_nodes"]
         super().__init__(LocalPlatformProvider(), name, props,
                          pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
                              additional_secret_outputs=["kubeconfig"])))

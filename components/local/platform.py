@@ -359,6 +359,11 @@ class LocalPlatform:
             pause = build_pause_image(say)
         except (realnode.RealNodeError, ImageError) as error:
             raise PlatformError(f"real nodes: {error}") from None
+        if (processes.running_pid(self.run_dir, realnode.GATEWAY_PROCESS) is None
+                and not processes.port_is_free(443, realnode.SERVICE_ADDRESS)):
+            raise PlatformError(f"another local platform on this host runs real nodes ({realnode.SERVICE_ADDRESS}:443 "
+                                "is taken): they share the host's pod bridge; stop it first (strata local down "
+                                "--state-dir DIR), or start this one without --real-nodes")
         gateway = HostProcess(realnode.GATEWAY_PROCESS, [
             sys.executable, "-m", "strata_components.local.gateway",
             f"--forward={realnode.SERVICE_ADDRESS}:443=127.0.0.1:{ports['apiserver']}",

@@ -42,9 +42,10 @@ TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
 CNI_BIN_DIR = Path("/usr/lib/cni")
-DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "iproute2")
+# A real node's runtime and network, plus what builds images for it (mmdebstrap; gcc for the pause image).
+DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "iproute2", "mmdebstrap",
+                   "gcc", "libc6-dev")
 GATEWAY_PROCESS = "node-gateway"
-INSTALL_HINT = f"apt-get install -y {' '.join(DEBIAN_PACKAGES)}"
 
 
 class RealNodeError(Exception):
@@ -67,6 +68,36 @@ def missing_requirements(kubelet: Path | None) -> list[str]:
     if not Path("/sys/fs/cgroup").is_dir():
         missing.append("cgroups mounted at /sys/fs/cgroup")
     return missing
+
+
+def missing_debian_packages() -> list[str]:
+    result = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${db:Status-Status}\\n", *DEBIAN_PACKAGES],
+                            capture_output=True, text=True, check=False)
+    installed = {line.split()[0] for line in result.stdout.splitlines() if line.endswith(" installed")}
+    return [package for package in DEBIAN_PACKAGES if package not in installed]
+
+
+def ensure_debian_packages(say) -> bool:
+    """Install what real nodes need from Debian's packages where this user may (root with apt-get); else
+    name the command. True when everything is installed."""
+    missing = missing_debian_packages() if shutil.which("dpkg-query") else list(DEBIAN_PACKAGES)
+    if not missing:
+        say(f"real-node packages: all installed ({', '.join(DEBIAN_PACKAGES)})")
+        return True
+    command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        say(f"real nodes (optional) need Debian packages: {' '.join(command)} (as root); kwok nodes work without")
+        return False
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    say(f"installing Debian packages for real nodes: {' '.join(missing)}")
+    for attempt in (command, ["apt-get", "update", "-q"], command):  # stale package lists: update once, retry
+        result = subprocess.run(attempt, capture_output=True, text=True, env=env, check=False)
+        if result.returncode == 0 and attempt is command and not missing_debian_packages():
+            say("  installed")
+            return True
+    say(f"  could not install them: {(result.stderr or result.stdout).strip().splitlines()[-1:]}; "
+        f"run `{' '.join(command)}`; real-node tests report NOT RUN until then")
+    return False
 
 
 @dataclasses.dataclass(frozen=True)

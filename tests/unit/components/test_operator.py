@@ -183,3 +183,18 @@ def test_local_operator_runs_on_the_host_with_its_own_service_account_token(harn
     assert harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding").urn in process.dependencies
     assert all(c.urn in process.dependencies
                for c in harness.all("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"))
+
+
+def test_deployment_places_pods_by_node_labels_and_tolerations_and_writes_only_to_volumes():
+    deployment = build_operator_deployment("ops", "op", "registry/strata:1", node_selector={"pool": "ops"},
+                                           tolerations=[{"key": "dedicated", "operator": "Exists"}])
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "ops"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    (container,) = pod["containers"]
+    # Read-only root: the image's HOME (state dir, PULUMI_HOMEs) and /tmp are volumes.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts == {"/home/strata": "home", "/tmp": "tmp"}
+    assert {v["name"] for v in pod["volumes"]} == {"home", "tmp"}
+    plain = build_operator_deployment("ops", "op", "registry/strata:1")["spec"]["template"]["spec"]
+    assert "nodeSelector" not in plain and "tolerations" not in plain

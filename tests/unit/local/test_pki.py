@@ -29,3 +29,25 @@ def test_pki_is_created_once(tmp_path):
     before = (pki / "ca.crt").read_bytes()
     ensure_pki(pki)
     assert (pki / "ca.crt").read_bytes() == before
+
+
+def test_a_platform_made_before_a_client_identity_existed_keeps_its_ca_and_gets_only_the_new_certificate(tmp_path):
+    pki = ensure_pki(tmp_path / "pki")
+    ca, admin = (pki / "ca.crt").read_bytes(), (pki / "admin.crt").read_bytes()
+    (pki / "kubelet-client.crt").unlink()
+    (pki / "kubelet-client.key").unlink()
+    ensure_pki(pki)
+    assert (pki / "ca.crt").read_bytes() == ca and (pki / "admin.crt").read_bytes() == admin
+    _load(pki / "kubelet-client.crt").verify_directly_issued_by(_load(pki / "ca.crt"))
+
+
+def test_node_certificates_name_the_node_in_the_nodes_group(tmp_path):
+    from strata_components.local.pki import issue_client_certificate
+
+    pki = ensure_pki(tmp_path / "pki")
+    issue_client_certificate(pki, "node-real-0", "system:node:real-0", "system:nodes")
+    cert = _load(pki / "node-real-0.crt")
+    cert.verify_directly_issued_by(_load(pki / "ca.crt"))
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:real-0"
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+    assert (pki / "node-real-0.key").stat().st_mode & 0o077 == 0

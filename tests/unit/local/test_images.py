@@ -1,0 +1,37 @@
+"""OCI archives written without a registry or a container tool: what `ctr images import` reads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tarfile
+
+from strata_components.local.images import build_image_config, write_oci_archive
+
+
+def test_an_oci_archive_names_the_image_and_every_blob_matches_its_digest(tmp_path):
+    layer = tmp_path / "layer.tar"
+    (tmp_path / "hello").write_text("hi")
+    with tarfile.open(layer, "w") as tar:
+        tar.add(tmp_path / "hello", arcname="hello")
+    diff_id = "sha256:" + hashlib.sha256(layer.read_bytes()).hexdigest()
+    config = build_image_config(entrypoint=["/hello"], env={"PATH": "/bin"}, user="65532", workdir="/",
+                                layer_digest=diff_id, ports=(8384,))
+    out = tmp_path / "image.oci.tar"
+    write_oci_archive(layer, config, "strata.local/hello:1", out)
+
+    with tarfile.open(out) as archive:
+        files = {member.name: archive.extractfile(member).read() for member in archive.getmembers()}
+    assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+    for name, data in files.items():
+        if name.startswith("blobs/sha256/"):
+            assert hashlib.sha256(data).hexdigest() == name.rsplit("/", 1)[1]
+    (entry,) = json.loads(files["index.json"])["manifests"]
+    assert entry["annotations"]["io.containerd.image.name"] == "strata.local/hello:1"
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == "1"
+    manifest = json.loads(files[f"blobs/sha256/{entry['digest'].split(':')[1]}"])
+    image_config = json.loads(files[f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"])
+    assert image_config["rootfs"]["diff_ids"] == [diff_id] == [manifest["layers"][0]["digest"]]
+    assert image_config["config"]["User"] == "65532" and image_config["config"]["Entrypoint"] == ["/hello"]
+    assert image_config["config"]["ExposedPorts"] == {"8384/tcp": {}}
+    assert not (tmp_path / "image.oci.tar.partial").exists()
