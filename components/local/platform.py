@@ -445,6 +445,8 @@ class LocalPlatform:
                  if name not in HOST_CONTROLLERS or name in self.config.host_controllers]
         for node in realnode.node_dirs(self.state):
             names += [f"containerd-{node.name}", f"kubelet-{node.name}"]
+        if realnode.node_dirs(self.state):
+            names.append(realnode.GATEWAY_PROCESS)
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
 
     def start_controller(self, process: HostProcess, ready=None, timeout: float = 60) -> int:
