@@ -200,6 +200,9 @@ def build_operator_image(toolchain: Toolchain, python_host: Path | None = None,
 
     `python_host`: a pulumi-language-python to include (the toolchain does not build one; without it
     the image runs YAML programs and inline Python, like the dev machine without it)."""
+    if not (ROOT / "pyproject.toml").exists():
+        raise ImageError(f"the operator image is built from a checkout of this project (no pyproject.toml in {ROOT}); "
+                         "fix: run `strata image build` from the repository's virtualenv (make image)")
     key = operator_image_key(toolchain, python_host)
     name = f"{OPERATOR_REPOSITORY}:{key}"
     out = images_dir() / f"strata-operator-{key}.oci.tar"

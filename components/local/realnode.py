@@ -26,6 +26,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import yaml
+
 from . import processes
 from .kube import write_private
 from .pki import issue_client_certificate
@@ -389,8 +391,6 @@ def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder) -> Real
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "node.json").write_text(json.dumps(
             {"name": name, "index": index, "kubelet_port": kubelet_port, "healthz_port": healthz_port}))
-    import yaml
-
     issue_client_certificate(pki, f"node-{name}", f"system:node:{name}", "system:nodes")
     write_private(directory / "kubeconfig", kubeconfig_builder(f"node-{name}"))
     (directory / "containerd.toml").write_text(build_containerd_config(node))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import itertools
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_each_node_hands_out_pod_addresses_from_its_own_range_on_the_shared_brid
         assert start in ipaddress.ip_network(subnet["subnet"]) and end in ipaddress.ip_network(subnet["subnet"])
         ranges.append((start, end))
         assert plugin["ipam"]["dataDir"].startswith(str(tmp_path))
-    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:])), ranges
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges)), ranges
 
 
 def test_kubelet_lets_in_only_certificate_or_rbac_checked_callers_and_taints_its_node(tmp_path):
