@@ -1,20 +1,24 @@
 """A fleet of Stacks on the real engine: time to all Ready, reconcile latency, memory, idle silence.
 
-    .venv/bin/python benchmarks/fleet.py [--stacks 50] [--idle 300]
+    .venv/bin/python benchmarks/fleet.py [--stacks 50] [--idle 300] [--json benchmarks/results/fleet-50.json]
 
 N Stacks of one small YAML Program (builtin Stash resources, file:// backend) are created at once.
 Reported: time until all are Ready, per-Stack create->Ready latency p50/p95, peak RSS of the operator
 process and of all its children (workers and pulumi CLIs), and engine runs while idle for --idle
-seconds after that (must be 0). The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
+seconds after that (must be 0). With --json, the figures and the raw series (every latency, memory
+sampled every half second) go to that file for benchmarks/charts.py. The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
 children peaking at 1.25 GB, 0 runs idle.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import threading
 import time
+
+from pathlib import Path
 
 from kubernetes import client
 
@@ -37,17 +41,21 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=300, help="seconds to watch for engine runs when idle")
     parser.add_argument("--resources", type=int, default=3, help="Stash resources per program")
     parser.add_argument("--concurrency", type=int, help="the operator's --concurrency (default: its own)")
+    parser.add_argument("--json", type=Path, help="write figures and series here (for benchmarks/charts.py)")
     args = parser.parse_args()
     operator_args = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
     with platform_with_operator(operator_args) as bench:
         bench.create_program("fleet", stash_program(args.resources))
         pid = bench.operator.pid()
         peak = {"operator": 0.0, "children": 0.0, "children_pss": 0.0}
+        memory: list[tuple[float, float, float]] = []  # (seconds since the fleet started, operator, children) MB
         sampling = threading.Event()
+        started = time.monotonic()
 
         def sample() -> None:
             while not sampling.wait(0.5):
                 own, children = rss_tree_mb(pid)
+                memory.append((round(time.monotonic() - started, 2), round(own, 1), round(children, 1)))
                 peak["operator"] = max(peak["operator"], own)
                 peak["children"] = max(peak["children"], children)
                 peak["children_pss"] = max(peak["children_pss"], pss_tree_mb(pid))
@@ -57,7 +65,6 @@ def main() -> None:
         backend = bench.backend("fleet")  # one backend, N stacks: the common layout
         created: dict[str, float] = {}
         operator_cpu_before = cpu_seconds(pid)
-        started = time.monotonic()
         for index in range(args.stacks):
             name = f"s{index:03d}"
             bench.create_stack(name, "fleet", backend)
@@ -92,8 +99,21 @@ def main() -> None:
             s["metadata"]["name"])]
         new_runs = [e for e in client.CoreV1Api(bench.api).list_namespaced_event(NAMESPACE).items
                     if e.reason == "StackUpdateDetected" and e.metadata.uid not in events_before]
-        print(f"idle {time.monotonic() - quiet_since:5.0f}s: {len(new_runs)} engine runs, {len(changed)} Stacks with a new "
+        idle_seconds = time.monotonic() - quiet_since
+        print(f"idle {idle_seconds:5.0f}s: {len(new_runs)} engine runs, {len(changed)} Stacks with a new "
               f"lastUpdate (must be 0; PKO v1.16: 0)")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({
+                "stacks": args.stacks, "resources": args.resources, "all_ready_seconds": round(all_ready, 2),
+                "latency_seconds": sorted(round(value, 2) for value in latencies),
+                "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
+                "memory_mb": memory, "idle_seconds": round(idle_seconds), "idle_engine_runs": len(new_runs),
+                "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                # This machine is shared: the load says how quiet it was (2 cores here).
+                "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
+            }, indent=1))
+            print(f"figures and series written to {args.json}")
 
 
 if __name__ == "__main__":
