@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,8 +52,6 @@ class PlatformError(Exception):
 
 
 def subprocess_ok(argv: list[str]) -> bool:
-    import subprocess
-
     return subprocess.run(argv, capture_output=True, check=False).returncode == 0
 
 
@@ -240,16 +239,19 @@ class LocalPlatform:
         return [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}"]
 
+    def _client_kubeconfig(self, ports: dict[str, int], stem: str) -> str:
+        """A kubeconfig authenticating with the PKI's `<stem>.crt`/`<stem>.key`."""
+        return build_client_certificate_kubeconfig(
+            cluster=KUBECONFIG_CLUSTER, server=f"https://127.0.0.1:{ports['apiserver']}",
+            ca_data=pem_data((self.pki / "ca.crt").read_text()), user=stem,
+            certificate_data=pem_data((self.pki / f"{stem}.crt").read_text()),
+            key_data=pem_data((self.pki / f"{stem}.key").read_text()))
+
     def _write_kubeconfigs(self, ports: dict[str, int]) -> None:
-        server = f"https://127.0.0.1:{ports['apiserver']}"
-        ca_data = pem_data((self.pki / "ca.crt").read_text())
         for stem, path in (("admin", self.kubeconfig_path),
                            ("controller-manager", self.state / "kubeconfigs" / "controller-manager.kubeconfig"),
                            ("scheduler", self.state / "kubeconfigs" / "scheduler.kubeconfig")):
-            write_private(path, build_client_certificate_kubeconfig(
-                cluster=KUBECONFIG_CLUSTER, server=server, ca_data=ca_data, user=stem,
-                certificate_data=pem_data((self.pki / f"{stem}.crt").read_text()),
-                key_data=pem_data((self.pki / f"{stem}.key").read_text())))
+            write_private(path, self._client_kubeconfig(ports, stem))
 
     # -- lifecycle ----------------------------------------------------------------------------
     def up(self, say: Say = stderr_say) -> PlatformInfo:
@@ -266,13 +268,7 @@ class LocalPlatform:
             if process.name in HOST_CONTROLLERS:
                 self._install_flux_crds(process.name)
             already = processes.running_pid(self.run_dir, process.name) is not None
-            processes.start(process, self.run_dir, self.log_dir)
-            log = self.log_dir / f"{process.name}.log"
-            try:
-                processes.wait_until(lambda: ready() or self._exited(process.name, log), timeout=90,
-                                     what=process.name, log=log)
-            except ProcessError:
-                raise PlatformError(f"{process.name} did not become ready in 90s; see {log}") from None
+            self._start_and_wait(process, ready)
             say(f"  {process.name}: {'already running' if already else 'ready'} "
                 f"({format_seconds(time.monotonic() - started)})")
             if process.name == "kwok":
@@ -334,13 +330,7 @@ class LocalPlatform:
                 except client.ApiException as error:
                     if error.status != 409:
                         raise
-            def ready() -> bool:
-                nodes = core.list_node(label_selector="type=kwok").items
-                ready_nodes = [n for n in nodes if any(c.type == "Ready" and c.status == "True"
-                                                       for c in (n.status.conditions or []))]
-                return len(ready_nodes) >= self.config.nodes
-
-            processes.wait_until(ready, timeout=60, what="kwok nodes")
+            self._wait_nodes_ready("type=kwok", self.config.nodes, timeout=60)
             # Pods are refused until the service-account controller made the namespace's default SA.
             processes.wait_until(lambda: core.list_namespaced_service_account("default").items, timeout=60,
                                  what="default ServiceAccount")
@@ -370,17 +360,9 @@ class LocalPlatform:
             f"--forward={realnode.NODE_ADDRESS}:{ports['git']}=127.0.0.1:{ports['git']}",
         ])
         self._start_and_wait(gateway, lambda: not processes.port_is_free(443, realnode.SERVICE_ADDRESS))
-        ca_data = pem_data((self.pki / "ca.crt").read_text())
-        server = f"https://127.0.0.1:{ports['apiserver']}"
-
-        def kubeconfig(stem: str) -> str:
-            return build_client_certificate_kubeconfig(
-                cluster=KUBECONFIG_CLUSTER, server=server, ca_data=ca_data, user=stem,
-                certificate_data=pem_data((self.pki / f"{stem}.crt").read_text()),
-                key_data=pem_data((self.pki / f"{stem}.key").read_text()))
-
         for index in range(self.config.real_nodes):
-            node = realnode.prepare_node(self.state, index, self.pki, kubeconfig)
+            node = realnode.prepare_node(self.state, index, self.pki,
+                                         lambda stem: self._client_kubeconfig(ports, stem))
             self._start_and_wait(realnode.containerd_process(node), lambda node=node: subprocess_ok(
                 ["ctr", "--address", str(node.containerd_socket), "version"]))
             try:
@@ -389,7 +371,7 @@ class LocalPlatform:
                 raise PlatformError(f"real node {node.name}: {error}") from None
             self._start_and_wait(realnode.kubelet_process(node, self._kubelet()),
                                  lambda node=node: http_ok(f"http://127.0.0.1:{node.healthz_port}/healthz"))
-        self._wait_real_nodes_ready()
+        self._wait_nodes_ready("type=real", self.config.real_nodes, timeout=120)
         say(f"  nodes: {self.config.real_nodes} real node(s) Ready (kubelet on containerd, "
             f"{format_seconds(time.monotonic() - started)})")
 
@@ -408,24 +390,24 @@ class LocalPlatform:
         except ProcessError:
             raise PlatformError(f"{process.name} did not become ready in {timeout:.0f}s; see {log}") from None
 
-    def _wait_real_nodes_ready(self) -> None:
+    def _wait_nodes_ready(self, label_selector: str, count: int, timeout: float) -> None:
         from kubernetes import client
 
         from .kube import api_client
 
-        names = {f"real-{index}" for index in range(self.config.real_nodes)}
         with api_client(self.kubeconfig_path) as api:
             core = client.CoreV1Api(api)
 
             def ready() -> bool:
-                nodes = core.list_node(label_selector="type=real").items
-                return names <= {n.metadata.name for n in nodes if any(
-                    c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))}
+                nodes = core.list_node(label_selector=label_selector).items
+                return sum(any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+                           for n in nodes) >= count
 
             try:
-                processes.wait_until(ready, timeout=120, what="real nodes")
+                processes.wait_until(ready, timeout=timeout, what=f"{label_selector} nodes")
             except ProcessError:
-                raise PlatformError(f"real nodes not Ready in 120s; see {self.log_dir}/kubelet-real-*.log") from None
+                raise PlatformError(f"{count} {label_selector} node(s) not Ready in {timeout:.0f}s; "
+                                    f"see the logs in {self.log_dir}") from None
 
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
