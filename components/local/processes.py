@@ -39,14 +39,15 @@ def _alive(pid: int, argv0: str) -> bool:
     """The pid is running and still the program we started (pids get reused).
 
     Compared by /proc/PID/exe: a freshly exec'd binary can show an empty cmdline while the kernel
-    is still loading it.
+    is still loading it. A binary replaced since (a toolchain rebuild) shows as "PATH (deleted)": the
+    process is still ours to stop.
     """
     try:
         executable = os.readlink(f"/proc/{pid}/exe")
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
-    return state != "Z" and executable == os.path.realpath(argv0)
+    return state != "Z" and executable.removesuffix(" (deleted)") == os.path.realpath(argv0)
 
 
 def running_pid(run_dir: Path, name: str) -> int | None:

@@ -78,3 +78,21 @@ def test_descendants_include_grandchildren_in_other_sessions(tmp_path):
         for child in processes.descendants(pid):
             os.kill(child, 9)
         processes.stop(tmp_path / "run", "tree")
+
+
+def test_a_process_whose_binary_was_replaced_since_is_still_stopped(tmp_path):
+    """A toolchain rebuild replaces binaries under running processes: `down` must still stop them."""
+    binary = tmp_path / "bin" / "sleep"
+    binary.parent.mkdir()
+    binary.write_bytes(open("/bin/sleep", "rb").read())
+    binary.chmod(0o755)
+    pid = processes.start(HostProcess("rebuilt", [str(binary), "300"]), tmp_path / "run", tmp_path / "logs")
+    processes.wait_until(lambda: os.readlink(f"/proc/{pid}/exe") == str(binary), 10, "sleep started")
+    replacement = binary.with_name("sleep.new")
+    replacement.write_bytes(binary.read_bytes())
+    replacement.chmod(0o755)
+    replacement.rename(binary)  # as the toolchain installs a rebuilt entry: the old file is gone
+    assert os.readlink(f"/proc/{pid}/exe").endswith(" (deleted)")
+    assert processes.running_pid(tmp_path / "run", "rebuilt") == pid
+    assert processes.stop(tmp_path / "run", "rebuilt") is True
+    assert not processes._group_alive(pid)
