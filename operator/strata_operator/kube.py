@@ -65,12 +65,20 @@ class Kube:
 
     async def get_flux_source(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         version = api_version.split("/", 1)[1]
-        return await self.get_custom(FLUX_GROUP, version, FLUX_PLURALS[kind], namespace, name)
+        # Any other Flux source kind follows the Kubernetes convention: HelmChart -> helmcharts.
+        plural = FLUX_PLURALS.get(kind, kind.lower() + "s")
+        return await self.get_custom(FLUX_GROUP, version, plural, namespace, name)
 
     async def patch_stack_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self._patch_status("stacks", namespace, name, status)
+
+    async def patch_program_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self._patch_status("programs", namespace, name, status)
+
+    async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
             await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status,
-                             GROUP, VERSION, namespace, "stacks", name, {"status": status})
+                             GROUP, VERSION, namespace, plural, name, {"status": status})
         except ApiException as err:
             if not _absent(err):
                 raise
@@ -105,6 +113,15 @@ class Kube:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}}
         await self._call(kubernetes.client.CoreV1Api(self.api).create_namespace, body,
                          _request_timeout=LEASE_REQUEST_TIMEOUT)
+
+    async def namespace_terminating(self, name: str) -> bool:
+        try:
+            namespace = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespace, name)
+        except ApiException as err:
+            if _absent(err):
+                return True
+            raise
+        return namespace.status.phase == "Terminating"
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         try:

@@ -31,8 +31,9 @@ from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, Stack
 
 from .engine import RESULT_PREFIX
 from .plugins import cached_plugins, link_plugins, missing_plugin, missing_plugin_advice
-from .pythonenv import ensure_virtualenv
+from .pythonenv import PythonEnvError, ensure_virtualenv
 from .redaction import Redactor
+from .status import WORKSPACE_FAILED
 
 _PERMALINK = re.compile(r"(?:View (?:Live|in Browser)|Permalink)[^:]*:\s+(https?://\S+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -381,7 +382,7 @@ def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any
         refreshed = stack.refresh(target=targets, message=message)
         stdout, summary = refreshed.stdout, dict(refreshed.summary.resource_changes or {})
     else:
-        destroyed = stack.destroy(target=targets, message=message)
+        destroyed = stack.destroy(target=targets, message=message, run_program=request["run_program"] or None)
         stdout, summary = destroyed.stdout, dict(destroyed.summary.resource_changes or {})
     return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary, "outputs": {}}
 
@@ -424,6 +425,9 @@ def failure_result(err: Exception, request: dict[str, Any]) -> dict[str, Any]:
         if _lost_checkpoint_race(message, request["stack_name"]):
             return {"outcome": "conflict", "message": f"the stack is locked by another update ({message})"}
         return {"outcome": "failed", "message": message}
+    if isinstance(err, PythonEnvError):
+        # PKO's reason for a workspace whose dependencies do not install (retried like any failure here).
+        return {"outcome": "failed", "reason": WORKSPACE_FAILED, "message": str(err)}
     return {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
 
 

@@ -123,7 +123,8 @@ def test_a_missing_plugin_blocks_with_the_command_that_installs_it(tmp_path):
     assert (f"PULUMI_HOME={tmp_path / 'pulumi'} pulumi plugin install resource flux 1.0.1 "
             "--server github://api.github.com/oun") in result["message"]
     unrelated = PythonEnvError("installing requirements.txt failed: no matching distribution for nosuch")
-    assert failure_result(unrelated, _request(tmp_path))["outcome"] == "failed"
+    assert failure_result(unrelated, _request(tmp_path)) == {
+        "outcome": "failed", "reason": "WorkspaceFailed", "message": str(unrelated)}
 
 
 def test_an_uncreatable_backend_directory_blocks_naming_it_and_why(tmp_path):
