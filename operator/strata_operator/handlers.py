@@ -30,8 +30,8 @@ from .resolve import RefError, Resolved, resolve_stack
 from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
                       program_revision, program_status, project_info, safe_extract, subdir,
                       write_program_project)
-from .spec import (MIN_RESYNC_SECONDS, WATCHED_FLUX_KINDS, SpecInvalid, StackSpec, not_applicable_fields,
-                   parse_stack_spec, unused_sources)
+from .spec import (MIN_RESYNC_SECONDS, STALLED_SPEC_INVALID, WATCHED_FLUX_KINDS, SpecInvalid, StackSpec,
+                   backend_in_workspace_volume, not_applicable_fields, parse_stack_spec, unused_sources)
 
 RETRY_REFS_SECONDS = 30.0
 HOST = socket.gethostname()
@@ -303,6 +303,13 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     try:
         resolved = await resolve_stack(spec, session.namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
                                        ctx.settings.allow_operator_refs)
+    except RefError as err:
+        return await _wait_for_reference(session, err)
+    misplaced = backend_in_workspace_volume(spec, resolved.env.get("PULUMI_BACKEND_URL", ""))
+    if misplaced is not None:
+        await session.stall(STALLED_SPEC_INVALID, str(misplaced), st.EVENT_CONFIG_INVALID)
+        return None
+    try:
         await _recover_interrupted(session, spec, resolved)
     except RefError as err:
         return await _wait_for_reference(session, err)

@@ -17,7 +17,8 @@ from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
 from .backoff import cooldown_seconds
 from .spec import MIN_RESYNC_SECONDS, Prerequisite, StackSpec, parse_duration
 from .status import (FAILED, RECONCILING_PREREQUISITE, RECONCILING_PREVIEW_FAILED, RECONCILING_RETRY,
-                     STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_BLOCKED, UPDATE_INTERRUPTED,
+                     PULUMI_VERSION_TOO_LOW, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_BLOCKED,
+                     UPDATE_INTERRUPTED,
                      WORKSPACE_FAILED, Verdict, parse_time)
 
 DEFAULT_STALL_AFTER_FAILURES = 5
@@ -100,8 +101,10 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         message = last.get("message", "") or "update failed"
         if last.get("reason") == UPDATE_INTERRUPTED:
             return Plan(kind, "Resuming the update interrupted by an operator restart")
-        if last.get("reason") == UPDATE_BLOCKED:
-            return Plan(None, "", Verdict("stalled", STALLED_UPDATE_FAILED,
+        if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW):
+            stalled_reason = PULUMI_VERSION_TOO_LOW if last.get("reason") == PULUMI_VERSION_TOO_LOW \
+                else STALLED_UPDATE_FAILED
+            return Plan(None, "", Verdict("stalled", stalled_reason,
                                           f"{message}. Retrying cannot fix this: once fixed, change the spec or "
                                           f"set a new {RECONCILE_REQUEST_ANNOTATION} annotation"), poll)
         conflict = last.get("reason") == STALLED_CONFLICT

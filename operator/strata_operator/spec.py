@@ -466,6 +466,37 @@ def not_applicable_fields(raw: dict[str, Any]) -> list[str]:
     return [f for f in NOT_APPLICABLE_FIELDS if raw.get(f) not in (None, "", {}, [])]
 
 
+def workspace_mounts(workspace_template: dict[str, Any] | None) -> dict[str, str]:
+    """Mount path -> volume name of the containers of PKO v2's workspace pod (spec.workspaceTemplate)."""
+    pod = (((workspace_template or {}).get("spec") or {}).get("podTemplate") or {}).get("spec") or {}
+    mounts: dict[str, str] = {}
+    for container in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
+        for mount in (container or {}).get("volumeMounts") or []:
+            if isinstance(mount, dict) and isinstance(mount.get("mountPath"), str):
+                mounts[mount["mountPath"].rstrip("/") or "/"] = str(mount.get("name", ""))
+    return mounts
+
+
+def backend_in_workspace_volume(spec: StackSpec, backend_url: str) -> SpecIssue | None:
+    """A file:// backend inside a volume that PKO mounts into its workspace pod (its e2e Stacks keep state
+    on a PersistentVolumeClaim at /state): updates here run on the operator's host, which has no such
+    volume, so the state would land in the host's directory instead. Named, never run."""
+    if not backend_url.startswith("file://"):
+        return None
+    path = backend_url.removeprefix("file://").rstrip("/") or "/"
+    mounts = workspace_mounts(spec.workspace_template)
+    mount = next((m for m in sorted(mounts, key=len, reverse=True)
+                  if path == m or path.startswith(m.rstrip("/") + "/")), None)
+    if mount is None:
+        return None
+    field = "spec.backend" if spec.backend else "spec.envRefs.PULUMI_BACKEND_URL"
+    return SpecIssue(field, f"the file:// backend {backend_url!r} is inside the volume {mounts[mount]!r} that PKO "
+                            f"mounts at {mount} in its workspace pod (spec.workspaceTemplate); Strata runs updates on "
+                            "the operator's host, which has no such volume",
+                     "use a backend the operator's host can reach (a file:// directory of its own, or a cloud "
+                     "backend)")
+
+
 def unused_sources(spec: StackSpec) -> list[str]:
     """The source fields PKO's order leaves unused when a spec names several (git, then Flux, then Program)."""
     aliases = dict(SOURCE_ORDER)

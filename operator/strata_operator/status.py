@@ -42,6 +42,9 @@ UPDATE_INTERRUPTED = "UpdateInterrupted"
 # lastUpdate.reason of a run that failed in a way retrying cannot fix (engine outcome "blocked"): Stalled
 # at once, until the spec, the source or a reconcile request changes.
 UPDATE_BLOCKED = "UpdateBlocked"
+# A blocked run whose cause is the operator's pulumi CLI being too old for what the spec asks (PKO's reason
+# for a workspace image's CLI): Stalled at once like UpdateBlocked, under this reason.
+PULUMI_VERSION_TOO_LOW = "PulumiVersionTooLow"
 
 # Event reasons (PKO's names).
 EVENT_UPDATE_DETECTED = "StackUpdateDetected"

@@ -214,3 +214,11 @@ def test_finalize_destroys_only_with_flag():
     assert plan_finalize(spec(destroyOnFinalize=True)).destroy is True
     assert plan_finalize(None).destroy is False
     assert rfc3339(NOW) == "2025-01-01T12:00:00Z"
+
+
+def test_a_cli_too_old_stalls_at_once_as_pulumi_version_too_low():
+    last = failed_update(None, run(), "PulumiVersionTooLow", "the operator's pulumi CLI does not know --run-program",
+                         "", NOW - timedelta(days=1))
+    plan = plan_stack(spec(), 1, Requests(), last, SHA, NOW)
+    assert (plan.run, plan.verdict.phase, plan.verdict.reason) == (None, "stalled", "PulumiVersionTooLow")
+    assert plan_stack(spec(), 2, Requests(), last, SHA, NOW).run == "up"

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata_operator.spec import (ProgramBody, SpecInvalid, StackSpec, not_applicable_fields, parse_duration,
-                                  parse_program, parse_stack_spec, unused_sources)
+from strata_operator.spec import (ProgramBody, SpecInvalid, StackSpec, backend_in_workspace_volume,
+                                  not_applicable_fields, parse_duration, parse_program, parse_stack_spec,
+                                  unused_sources)
 
 CRDS = Path(__file__).resolve().parents[3] / "operator" / "strata_operator" / "crds"
 GIT = {"stack": "dev", "projectRepo": "https://example.com/repo.git", "commit": "a" * 40}
@@ -216,3 +217,18 @@ def test_a_cross_namespace_ref_stalls_with_pkos_reason():
     with pytest.raises(SpecInvalid) as caught:
         parse_stack_spec(with_(stack="a b"), namespace="team")
     assert caught.value.reason == "SpecInvalid"
+
+
+def test_a_file_backend_inside_a_pko_workspace_volume_is_named():
+    template = {"spec": {"podTemplate": {"spec": {"containers": [
+        {"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"}]}]}}}}
+    spec = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "workspaceTemplate": template,
+                             "envRefs": {"PULUMI_BACKEND_URL": {"type": "Literal",
+                                                                "literal": {"value": "file:///state/"}}}}, "team")
+    issue = backend_in_workspace_volume(spec, "file:///state/")
+    assert issue.path == "spec.envRefs.PULUMI_BACKEND_URL" and "'state'" in issue.problem and "/state" in issue.problem
+    assert backend_in_workspace_volume(spec, "file:///state/sub") is not None
+    assert backend_in_workspace_volume(spec, "file:///stateful") is None
+    assert backend_in_workspace_volume(spec, "s3://bucket") is None
+    without_template = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}}, "team")
+    assert backend_in_workspace_volume(without_template, "file:///state/") is None
