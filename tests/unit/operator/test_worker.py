@@ -146,8 +146,8 @@ def test_a_missing_backend_directory_is_created_private(tmp_path):
 
 
 def test_a_cli_too_old_for_a_flag_blocks_as_pulumi_version_too_low(tmp_path):
-    from pulumi.automation.errors import CommandError
     from pulumi.automation._cmd import CommandResult
+    from pulumi.automation.errors import CommandError
 
     err = CommandError(CommandResult(stdout="", stderr="Error: unknown flag: --run-program\n", code=255))
     result = failure_result(err, _request(tmp_path))
