@@ -122,9 +122,11 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         wait = cooldown_seconds(failures, spec.retry_max_backoff_duration_seconds)
         if since_last >= wait:
             return Plan(kind, f"Backoff time elapsed: {wait:g}s")
-        retrying = (Verdict("reconciling", RECONCILING_PREVIEW_FAILED, f"preview failed ({failures} attempt(s)): {message}")
-                    if last.get("type") == "preview" else
-                    Verdict("reconciling", RECONCILING_RETRY, f"{failures} update failure(s): {message}"))
+        if last.get("type") == "preview":
+            retrying = Verdict("reconciling", RECONCILING_PREVIEW_FAILED,
+                               f"preview failed ({failures} attempt(s)): {message}")
+        else:
+            retrying = Verdict("reconciling", RECONCILING_RETRY, f"{failures} update failure(s): {message}")
         return Plan(None, "", retrying, _soonest(poll, wait - since_last))
 
     # An unknown state (hand-edited status): run, rather than sit silently.

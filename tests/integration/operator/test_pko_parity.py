@@ -73,8 +73,8 @@ def test_an_external_artifact_source_runs_and_is_polled_for_new_revisions(stacks
     second = publish(root, base_url, "v2.tar.gz", {"deploy/Pulumi.yaml": stash_project("external", colour="red")})
     set_artifact(stacks, "app", second)
     # No watch event reaches the Stack for this kind: the resync poll finds the new revision.
-    obj = stacks.wait("external", lambda o: (o["status"].get("lastUpdate") or {}).get("lastSuccessfulCommit")
-                      == second["revision"], 60, "the new ExternalArtifact revision deployed")
+    obj = stacks.wait("external", lambda o: ((o.get("status") or {}).get("lastUpdate") or {}).get(
+        "lastSuccessfulCommit") == second["revision"], 60, "the new ExternalArtifact revision deployed")
     assert obj["status"]["outputs"] == {"colour": "red"}
 
 
@@ -138,7 +138,7 @@ def test_run_program_makes_the_destroy_run_the_program(stacks):
     for name in ("without", "with"):
         stacks.wait_ready(name, 90)
         stacks.replace_program(name, broken)
-        stacks.wait(name, lambda o: (o["status"].get("lastUpdate") or {}).get("state") == "failed", 90,
+        stacks.wait(name, lambda o: ((o.get("status") or {}).get("lastUpdate") or {}).get("state") == "failed", 90,
                     "the broken program's update failed")
         stacks.delete(name)
     processes.wait_until(lambda: stacks.get("without") is None, 90, "Stack without finalized")
@@ -147,3 +147,22 @@ def test_run_program_makes_the_destroy_run_the_program(stacks):
     assert blocked["metadata"].get("deletionTimestamp")
     stacks.replace_program("with", stash_program(greeting="hello"))  # fixed: the retried destroy goes through
     processes.wait_until(lambda: stacks.get("with") is None, 120, "Stack with finalized once the program loads")
+
+
+def test_a_destroy_that_cannot_run_in_a_terminating_namespace_says_so(stacks):
+    """PKO v2's NamespaceTerminating: the namespace is going and the destroy's Secret already went with it;
+    the Stack keeps its finalizer (no silent orphaning) and says how to release it."""
+    stacks.secret("app", {"token": "kept-for-destroy"})
+    stacks.program("doomed", stash_program(greeting="hello"))
+    stacks.create("doomed", stacks.spec(programRef={"name": "doomed"}, destroyOnFinalize=True, envRefs={
+        **stacks.spec()["envRefs"], "APP_TOKEN": {"type": "Secret", "secret": {"name": "app", "key": "token"}}}))
+    stacks.wait_ready("doomed", 90)
+    stacks.core.delete_namespaced_secret("app", stacks.namespace)
+    stacks.core.delete_namespace(stacks.namespace)
+    obj = stacks.wait_stalled("doomed", "NamespaceTerminating", 60)
+    message = condition(obj, "Stalled")["message"]
+    assert f"namespace {stacks.namespace!r} is terminating" in message and "spec.envRefs.APP_TOKEN" in message
+    assert f"kubectl patch stack doomed -n {stacks.namespace}" in message
+    assert "finalizer.stack.pulumi.com" in obj["metadata"]["finalizers"]
+    stacks.patch("doomed", {"metadata": {"finalizers": []}})  # released as the message says
+    processes.wait_until(lambda: stacks.get("doomed") is None, 30, "Stack released")

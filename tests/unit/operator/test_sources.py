@@ -12,8 +12,8 @@ import yaml
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from strata_operator.sources import (FluxArtifact, GitHubApp, SourceError, SourceNotReady, UnsafeArchive, download_artifact,
-                                     flux_artifact, git_branch_head, git_checkout, github_app_jwt, github_app_token,
+from strata_operator.sources import (FluxArtifact, GitHubApp, SourceError, SourceNotReady, UnsafeArchive,
+                                     download_artifact, flux_artifact, git_branch_head, git_checkout, github_app_jwt, github_app_token,
                                      program_revision, program_status, project_info, safe_extract, subdir,
                                      write_program_project)
 
