@@ -22,7 +22,7 @@ import kopf
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
 from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
-from .kube import FLUX_GROUP, FLUX_PLURALS, Kube
+from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
                        plan_stack, prerequisites_verdict, terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
@@ -189,7 +189,10 @@ async def _source_revision(session: StackSession, spec: StackSpec, resolved: Res
         return program_revision(program), program
     if spec.source_kind == "flux" and spec.flux_source is not None:
         ref = spec.flux_source.source_ref
-        source = await ctx.kube.get_flux_source(ref.api_version, ref.kind, ns, ref.name)
+        try:
+            source = await ctx.kube.get_flux_source(ref.api_version, ref.kind, ns, ref.name)
+        except Forbidden as err:
+            raise SourceError(f"spec.fluxSource.sourceRef.kind: {ref.kind}: {err}") from None
         if source is None:
             raise SourceError(f"could not resolve sourceRef: {ref.kind} {ref.name!r} not found")
         artifact = flux_artifact(source)

@@ -22,6 +22,10 @@ LEASES = ("coordination.k8s.io", "v1", "leases")
 LEASE_REQUEST_TIMEOUT = (3.0, 5.0)
 
 
+class Forbidden(Exception):
+    """The operator's RBAC does not let it read an object a Stack names; the message says which grant."""
+
+
 def _absent(err: ApiException) -> bool:
     return err.status == 404
 
@@ -67,7 +71,13 @@ class Kube:
         version = api_version.split("/", 1)[1]
         # Any other Flux source kind follows the Kubernetes convention: HelmChart -> helmcharts.
         plural = FLUX_PLURALS.get(kind, kind.lower() + "s")
-        return await self.get_custom(FLUX_GROUP, version, plural, namespace, name)
+        try:
+            return await self.get_custom(FLUX_GROUP, version, plural, namespace, name)
+        except ApiException as err:
+            if err.status == 403:
+                raise Forbidden(f"the operator may not read {plural}.{FLUX_GROUP}: grant it get on them "
+                                "(rbac/clusterrole.yaml)") from None
+            raise
 
     async def patch_stack_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self._patch_status("stacks", namespace, name, status)

@@ -4,7 +4,8 @@ Each source materialises a Pulumi project into a fresh directory and reports a r
 `lastUpdate.lastAttemptedCommit` records). Flux artifacts are downloaded with a timeout and a size
 cap, checked against `status.artifact.digest` and unpacked refusing links or paths that leave the
 destination and archives that expand beyond a cap. Git credentials reach git through its
-environment (extra header, askpass, key file), never through argv or the URL.
+environment (extra header, askpass, key file), never through argv or the URL; a GitHub App's are
+first exchanged at GitHub's API for a short-lived installation token.
 """
 
 from __future__ import annotations

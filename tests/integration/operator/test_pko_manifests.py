@@ -102,6 +102,7 @@ def pko_namespaces(kube_client):
         core.delete_namespace(name)
 
 
+@pytest.mark.common_word_secret  # their passphrase is the Literal "test"
 def test_every_pko_stack_and_program_applies_and_says_what_it_does_here(kube_client, operator, pko_namespaces):
     custom = client.CustomObjectsApi(kube_client)
     files = pko_files()
