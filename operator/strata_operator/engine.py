@@ -64,6 +64,7 @@ class UpdateRequest:
     target_dependents: bool = False
     environments: tuple[str, ...] = ()
     message: str = ""
+    run_program: bool = False  # destroy: run the program too (spec.runProgram)
     # For `recover`: the interrupted run's host and start time (seconds since the epoch).
     interrupted_host: str = ""
     interrupted_since: float = 0.0
@@ -82,6 +83,7 @@ class UpdateResult:
     permalink: str = ""
     summary: dict[str, int] = dataclasses.field(default_factory=dict)
     duration: float = 0.0
+    reason: str = ""  # a failure's PKO reason when more specific than the outcome's (WorkspaceFailed)
 
     @property
     def ok(self) -> bool:
@@ -92,7 +94,7 @@ class UpdateResult:
         body = json.loads(text)
         outputs = {k: (v["value"], bool(v["secret"])) for k, v in body.get("outputs", {}).items()}
         return cls(body["outcome"], redact(body.get("message", "")), outputs, body.get("permalink", ""),
-                   body.get("summary", {}), duration)
+                   body.get("summary", {}), duration, body.get("reason", ""))
 
 
 class Engine(Protocol):

@@ -22,14 +22,16 @@ import kopf
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
 from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
-from .kube import FLUX_GROUP, Kube
+from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
-                       plan_stack, prerequisites_verdict)
+                       plan_stack, prerequisites_verdict, terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
 from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
-                      program_revision, safe_extract, subdir, write_program_project)
-from .spec import MIN_RESYNC_SECONDS, SpecInvalid, StackSpec, not_applicable_fields, parse_stack_spec
+                      program_revision, program_status, project_info, safe_extract, subdir,
+                      write_program_project)
+from .spec import (MIN_RESYNC_SECONDS, STALLED_SPEC_INVALID, WATCHED_FLUX_KINDS, SpecInvalid, StackSpec,
+                   backend_in_workspace_volume, not_applicable_fields, parse_stack_spec, unused_sources)
 
 RETRY_REFS_SECONDS = 30.0
 HOST = socket.gethostname()
@@ -141,7 +143,8 @@ class StackSession:
         if verdict is not None:
             patch.update(observedGeneration=self.generation, observedReconcileRequest=self.requests.pulumi)
             patch["conditions"] = st.build_conditions(self.status.get("conditions"), verdict, self.generation, _now())
-            failing = verdict.phase == "stalled" or verdict.reason == st.RECONCILING_RETRY
+            failing = verdict.phase == "stalled" or verdict.reason in (st.RECONCILING_RETRY,
+                                                                       st.RECONCILING_PREVIEW_FAILED)
             metrics.mark_failing(self.namespace, self.name, failing)
         changed = {k: v for k, v in patch.items() if self.status.get(k) != v}
         if "conditions" in changed and not _conditions_differ(self.status.get("conditions"), patch["conditions"]):
@@ -179,14 +182,17 @@ async def _source_revision(session: StackSession, spec: StackSpec, resolved: Res
     """(revision, handle to materialise it) without fetching the program itself."""
     ctx, ns = session.ctx, session.namespace
     watched = session.watched
-    if spec.program_ref is not None:
+    if spec.source_kind == "program" and spec.program_ref is not None:
         program = await ctx.kube.get_program(ns, spec.program_ref.name)
         if program is None:
             raise SourceError(f"unable to retrieve program {spec.program_ref.name!r} for stack")
         return program_revision(program), program
-    if spec.flux_source is not None:
+    if spec.source_kind == "flux" and spec.flux_source is not None:
         ref = spec.flux_source.source_ref
-        source = await ctx.kube.get_flux_source(ref.api_version, ref.kind, ns, ref.name)
+        try:
+            source = await ctx.kube.get_flux_source(ref.api_version, ref.kind, ns, ref.name)
+        except Forbidden as err:
+            raise SourceError(f"spec.fluxSource.sourceRef.kind: {ref.kind}: {err}") from None
         if source is None:
             raise SourceError(f"could not resolve sourceRef: {ref.kind} {ref.name!r} not found")
         artifact = flux_artifact(source)
@@ -205,10 +211,10 @@ async def _source_revision(session: StackSession, spec: StackSpec, resolved: Res
 
 async def _materialise(spec: StackSpec, handle: Any, dest: Path, resolved: Resolved) -> Path:
     """Write the program at the planned revision into `dest`; returns the project directory."""
-    if spec.program_ref is not None:
+    if spec.source_kind == "program":
         write_program_project(handle, dest)
         return dest
-    if spec.flux_source is not None:
+    if spec.source_kind == "flux" and spec.flux_source is not None:
         archive = dest.with_suffix(".tar.gz")
         await asyncio.to_thread(download_artifact, handle, archive)
         await asyncio.to_thread(safe_extract, archive, dest)
@@ -241,7 +247,8 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
         secret_env=tuple(sorted(resolved.secret_env)), config=resolved.config, secret_config=resolved.secret_config,
         secrets_provider=spec.secrets_provider, create=not spec.use_local_stack_only, refresh=spec.refresh,
         expect_no_refresh_changes=spec.expect_no_refresh_changes, targets=tuple(spec.targets),
-        target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message)
+        target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message,
+        run_program=spec.run_program)
 
 
 async def _recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
@@ -276,27 +283,41 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     try:
         spec = parse_stack_spec(dict(raw_spec), session.namespace)
     except SpecInvalid as err:
-        await session.stall(st.STALLED_SPEC_INVALID, str(err), st.EVENT_CONFIG_INVALID)
+        await session.stall(err.reason, str(err), st.EVENT_CONFIG_INVALID)
         return None
-    ignored = not_applicable_fields(dict(raw_spec))
-    if (session.status.get("ignoredFields") or []) != ignored:
-        if ignored:
+    inapplicable, unused = not_applicable_fields(dict(raw_spec)), unused_sources(spec)
+    if (session.status.get("ignoredFields") or []) != inapplicable + unused:
+        if inapplicable:
             _event(body, st.EVENT_CONFIG_INVALID,
-                   f"accepted but not applicable to Strata's engine: {', '.join(ignored)}")
-        await session.write(ignoredFields=ignored or None)  # None: the fields are gone, drop the list
+                   f"accepted but not applicable to Strata's engine: {', '.join(inapplicable)}")
+        if unused:
+            chosen = {"git": "spec.projectRepo", "flux": "spec.fluxSource", "program": "spec.programRef"}
+            _event(body, st.EVENT_CONFIG_INVALID,
+                   f"several sources: {chosen[spec.source_kind]} is used (PKO's order: git, Flux, Program); "
+                   f"ignored: {', '.join('spec.' + f for f in unused)}")
+        # None: the fields are gone, drop the list
+        await session.write(ignoredFields=(inapplicable + unused) or None)
     watched = session.watched
-    watched.program = spec.program_ref.name if spec.program_ref else ""
-    watched.flux = (spec.flux_source.source_ref.kind, spec.flux_source.source_ref.name) if spec.flux_source else ("", "")
+    watched.program = spec.program_ref.name if spec.program_ref and spec.source_kind == "program" else ""
+    watched.flux = ((spec.flux_source.source_ref.kind, spec.flux_source.source_ref.name)
+                    if spec.flux_source and spec.source_kind == "flux" else ("", ""))
     watched.prerequisites = tuple(p.name for p in spec.prerequisites)
 
     try:
         resolved = await resolve_stack(spec, session.namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
                                        ctx.settings.allow_operator_refs)
+    except RefError as err:
+        return await _wait_for_reference(session, err)
+    misplaced = backend_in_workspace_volume(spec, resolved.env.get("PULUMI_BACKEND_URL", ""))
+    if misplaced is not None:
+        await session.stall(STALLED_SPEC_INVALID, str(misplaced), st.EVENT_CONFIG_INVALID)
+        return None
+    try:
         await _recover_interrupted(session, spec, resolved)
     except RefError as err:
         return await _wait_for_reference(session, err)
 
-    poll = float(session.resync_seconds(spec)) if spec.branch else None
+    poll = float(session.resync_seconds(spec)) if spec.polled else None
     try:
         revision, handle = await _source_revision(session, spec, resolved)
     except SourceNotReady as err:
@@ -307,7 +328,7 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         auth = any(s in str(err) for s in ("Authentication failed", "could not read Username", "403", "401"))
         await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err),
                             st.EVENT_GIT_AUTH_FAILURE if auth else None)
-        return poll if spec.project_repo else None
+        return poll
 
     plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
                       _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
@@ -348,7 +369,7 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             project = await _materialise(spec, handle, run_dir / "src", resolved)
         except (SourceError, SpecInvalid) as err:
             await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err))
-            return float(session.resync_seconds(spec)) if spec.project_repo else None
+            return float(session.resync_seconds(spec)) if spec.project_repo or spec.polled else None
         try:
             request = await _request(ctx, spec, session.namespace, session.name, project, resolved, run_dir,
                                      plan.message)
@@ -362,14 +383,15 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
         if result.ok:
             fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
+            fields["projectInfo"] = project_info(project)
             if run.kind == "up":
                 fields["outputs"] = st.outputs_for_status(result.outputs)
                 _keep_last_successful(project, stack_dir / "last-successful")
             _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
         else:
             conflict = result.outcome == "conflict"
-            reason = {"conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(result.outcome,
-                                                                                        st.STALLED_UPDATE_FAILED)
+            reason = result.reason or {"conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(
+                result.outcome, st.STALLED_UPDATE_FAILED)
             fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, result.message,
                                                     result.permalink, _now())
             _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
@@ -459,8 +481,16 @@ def stack_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, *
 
 
 @kopf.on.event(GROUP, VERSION, "programs")
-def program_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    memo.ctx.registry.wake_where(namespace, lambda w: w.program == name)
+async def program_changed(namespace: str, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo,
+                          **_: Any) -> None:
+    ctx: Context = memo.ctx
+    ctx.registry.wake_where(namespace, lambda w: w.program == name)
+    if type == "DELETED":
+        return
+    previous = dict(body.get("status") or {})
+    status = program_status(dict(body), previous, st.rfc3339(_now()))
+    if status != previous:  # our own patch's event comes back equal: no write loop
+        await ctx.kube.patch_program_status(namespace, name, st.merge_patch(previous, status))
 
 
 def _flux_changed(kind: str):
@@ -469,9 +499,8 @@ def _flux_changed(kind: str):
     return handler
 
 
-for _kind, _plural in (("GitRepository", "gitrepositories"), ("OCIRepository", "ocirepositories"),
-                       ("Bucket", "buckets")):
-    kopf.on.event(FLUX_GROUP, _plural, id=f"flux-{_plural}")(_flux_changed(_kind))
+for _kind in WATCHED_FLUX_KINDS:
+    kopf.on.event(FLUX_GROUP, FLUX_PLURALS[_kind], id=f"flux-{FLUX_PLURALS[_kind]}")(_flux_changed(_kind))
 
 
 async def _destroy_project(session: StackSession, spec: StackSpec, resolved: Resolved, work: Path,
@@ -519,7 +548,12 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
             project = await _destroy_project(session, spec, resolved, work, logger)
             request = await _request(ctx, spec, namespace, name, project, resolved, work, "destroy on finalize")
         except RefError as err:
-            await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
+            if await ctx.kube.namespace_terminating(namespace):
+                # What the destroy needs went with the namespace, and nothing new can be created in it.
+                await session.stall(st.STALLED_NAMESPACE_TERMINATING, terminating_namespace_message(
+                    namespace, name, str(err), (session.status.get("lastUpdate") or {}).get("permalink", "")))
+            else:
+                await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
             raise kopf.TemporaryError(redact(str(err)), delay=RETRY_REFS_SECONDS) from None
         _event(body, st.EVENT_UPDATE_DETECTED, decision.message)
         result = await ctx.engine.destroy(request)

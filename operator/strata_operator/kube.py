@@ -22,6 +22,10 @@ LEASES = ("coordination.k8s.io", "v1", "leases")
 LEASE_REQUEST_TIMEOUT = (3.0, 5.0)
 
 
+class Forbidden(Exception):
+    """The operator's RBAC does not let it read an object a Stack names; the message says which grant."""
+
+
 def _absent(err: ApiException) -> bool:
     return err.status == 404
 
@@ -65,12 +69,26 @@ class Kube:
 
     async def get_flux_source(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         version = api_version.split("/", 1)[1]
-        return await self.get_custom(FLUX_GROUP, version, FLUX_PLURALS[kind], namespace, name)
+        # Any other Flux source kind follows the Kubernetes convention: HelmChart -> helmcharts.
+        plural = FLUX_PLURALS.get(kind, kind.lower() + "s")
+        try:
+            return await self.get_custom(FLUX_GROUP, version, plural, namespace, name)
+        except ApiException as err:
+            if err.status == 403:
+                raise Forbidden(f"the operator may not read {plural}.{FLUX_GROUP}: grant it get on them "
+                                "(rbac/clusterrole.yaml)") from None
+            raise
 
     async def patch_stack_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self._patch_status("stacks", namespace, name, status)
+
+    async def patch_program_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self._patch_status("programs", namespace, name, status)
+
+    async def _patch_status(self, plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
             await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status,
-                             GROUP, VERSION, namespace, "stacks", name, {"status": status})
+                             GROUP, VERSION, namespace, plural, name, {"status": status})
         except ApiException as err:
             if not _absent(err):
                 raise
@@ -105,6 +123,15 @@ class Kube:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}}
         await self._call(kubernetes.client.CoreV1Api(self.api).create_namespace, body,
                          _request_timeout=LEASE_REQUEST_TIMEOUT)
+
+    async def namespace_terminating(self, name: str) -> bool:
+        try:
+            namespace = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespace, name)
+        except ApiException as err:
+            if _absent(err):
+                return True
+            raise
+        return namespace.status.phase == "Terminating"
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         try:

@@ -16,8 +16,10 @@ from typing import Any, Literal
 from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
 from .backoff import cooldown_seconds
 from .spec import MIN_RESYNC_SECONDS, Prerequisite, StackSpec, parse_duration
-from .status import (FAILED, RECONCILING_PREREQUISITE, RECONCILING_RETRY, STALLED_CONFLICT,
-                     STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_BLOCKED, UPDATE_INTERRUPTED, Verdict, parse_time)
+from .status import (FAILED, RECONCILING_PREREQUISITE, RECONCILING_PREVIEW_FAILED, RECONCILING_RETRY,
+                     PULUMI_VERSION_TOO_LOW, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_BLOCKED,
+                     UPDATE_INTERRUPTED,
+                     WORKSPACE_FAILED, Verdict, parse_time)
 
 DEFAULT_STALL_AFTER_FAILURES = 5
 
@@ -69,8 +71,9 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
     """Decide for a live (not deleting) Stack whose source resolved to `revision`."""
     kind: Literal["up", "preview"] = "preview" if spec.preview else "up"
     resync_seconds = spec.resync_seconds(min_resync_seconds)
-    # Branch heads are polled with ls-remote every resync period; other sources notify by watch.
-    poll = float(resync_seconds) if spec.branch else None
+    # Branch heads (ls-remote) and unwatched Flux kinds are polled every resync period; other sources
+    # notify by watch.
+    poll = float(resync_seconds) if spec.polled else None
     if not last:
         return Plan(kind, "Initial stack update")
     if last.get("generation") != generation:
@@ -98,8 +101,10 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         message = last.get("message", "") or "update failed"
         if last.get("reason") == UPDATE_INTERRUPTED:
             return Plan(kind, "Resuming the update interrupted by an operator restart")
-        if last.get("reason") == UPDATE_BLOCKED:
-            return Plan(None, "", Verdict("stalled", STALLED_UPDATE_FAILED,
+        if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW):
+            stalled_reason = PULUMI_VERSION_TOO_LOW if last.get("reason") == PULUMI_VERSION_TOO_LOW \
+                else STALLED_UPDATE_FAILED
+            return Plan(None, "", Verdict("stalled", stalled_reason,
                                           f"{message}. Retrying cannot fix this: once fixed, change the spec or "
                                           f"set a new {RECONCILE_REQUEST_ANNOTATION} annotation"), poll)
         conflict = last.get("reason") == STALLED_CONFLICT
@@ -110,14 +115,19 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         # A held lock is someone else's update, not this Stack failing: with retryOnUpdateConflict it is
         # retried (with backoff) until the lock is released, never stalled.
         if failures >= stall_after_failures and not conflict:
-            return Plan(None, "", Verdict("stalled", STALLED_UPDATE_FAILED,
+            stalled_reason = WORKSPACE_FAILED if last.get("reason") == WORKSPACE_FAILED else STALLED_UPDATE_FAILED
+            return Plan(None, "", Verdict("stalled", stalled_reason,
                                           f"{failures} consecutive update failures; waiting for a spec or source "
                                           f"change: {message}"), poll)
         wait = cooldown_seconds(failures, spec.retry_max_backoff_duration_seconds)
         if since_last >= wait:
             return Plan(kind, f"Backoff time elapsed: {wait:g}s")
-        return Plan(None, "", Verdict("reconciling", RECONCILING_RETRY, f"{failures} update failure(s): {message}"),
-                    _soonest(poll, wait - since_last))
+        if last.get("type") == "preview":
+            retrying = Verdict("reconciling", RECONCILING_PREVIEW_FAILED,
+                               f"preview failed ({failures} attempt(s)): {message}")
+        else:
+            retrying = Verdict("reconciling", RECONCILING_RETRY, f"{failures} update failure(s): {message}")
+        return Plan(None, "", retrying, _soonest(poll, wait - since_last))
 
     # An unknown state (hand-edited status): run, rather than sit silently.
     return Plan(kind, f"Unrecognised last update state {last.get('state')!r}")
@@ -166,6 +176,14 @@ def prerequisites_verdict(checks: list[PrerequisiteCheck]) -> Verdict | None:
 class FinalizePlan:
     destroy: bool
     message: str
+
+
+def terminating_namespace_message(namespace: str, name: str, problem: str, permalink: str) -> str:
+    """NamespaceTerminating (PKO v2's words): the destroy cannot run, so say what is left and how to release."""
+    return (f"namespace {namespace!r} is terminating and the destroy cannot run ({problem}); the stack's resources "
+            f"will NOT be deleted and must be cleaned up manually (see {permalink or 'the Pulumi backend'}). The "
+            f"finalizer is kept so they are not orphaned silently; once they are handled, release the Stack with: "
+            f"kubectl patch stack {name} -n {namespace} --type=merge -p '{{\"metadata\":{{\"finalizers\":[]}}}}'")
 
 
 def plan_finalize(spec: StackSpec | None) -> FinalizePlan:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .redaction import REDACTOR
-from .sources import GitCredentials
+from .sources import GitCredentials, GitHubApp
 from .spec import ResourceRef, StackSpec
 
 ReadMap = Callable[[str, str], Awaitable[dict[str, str] | None]]  # (namespace, name) -> data or None
@@ -81,6 +81,12 @@ async def _git_credentials(spec: StackSpec, namespace: str, read_secret: ReadMap
         if auth.basic_auth is not None:
             return GitCredentials(username=await ref("spec.gitAuth.basicAuth.userName", auth.basic_auth.user_name),
                                   password=await ref("spec.gitAuth.basicAuth.password", auth.basic_auth.password))
+        if auth.github_app is not None:
+            app = auth.github_app
+            return GitCredentials(github_app=GitHubApp(
+                app_id=await ref("spec.gitAuth.githubApp.appID", app.app_id),
+                installation_id=await ref("spec.gitAuth.githubApp.installationID", app.installation_id),
+                private_key=await ref("spec.gitAuth.githubApp.privateKey", app.private_key)))
     if spec.git_auth_secret:
         data = await read_secret(namespace, spec.git_auth_secret)
         if data is None:

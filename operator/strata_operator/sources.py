@@ -4,7 +4,8 @@ Each source materialises a Pulumi project into a fresh directory and reports a r
 `lastUpdate.lastAttemptedCommit` records). Flux artifacts are downloaded with a timeout and a size
 cap, checked against `status.artifact.digest` and unpacked refusing links or paths that leave the
 destination and archives that expand beyond a cap. Git credentials reach git through its
-environment (extra header, askpass, key file), never through argv or the URL.
+environment (extra header, askpass, key file), never through argv or the URL; a GitHub App's are
+first exchanged at GitHub's API for a short-lived installation token.
 """
 
 from __future__ import annotations
@@ -12,20 +13,25 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
 import os
 import posixpath
 import shlex
 import subprocess
 import tarfile
 import tempfile
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from .redaction import REDACTOR, redact
-from .spec import parse_program
+from .spec import SpecInvalid, parse_program
 
 DEFAULT_MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
@@ -57,21 +63,77 @@ def program_revision(program: dict[str, Any]) -> str:
     return f"{meta.get('name', '')}/{meta.get('generation', 0)}"
 
 
-def write_program_project(program: dict[str, Any], dest: Path) -> None:
-    """A Program object as a Pulumi YAML project (Pulumi.yaml) in `dest`."""
+def program_project(program: dict[str, Any]) -> str:
+    """A Program object as the text of a Pulumi YAML project file (Pulumi.yaml)."""
     body = parse_program(program.get("program"))
     project: dict[str, Any] = {"name": program["metadata"]["name"], "runtime": "yaml"}
-    for section in ("configuration", "variables", "resources", "outputs"):
+    for section in ("configuration", "packages", "variables", "resources", "outputs"):
         value = getattr(body, section)
         if value:
             # `configuration` (String, Number, List<String>) is Pulumi YAML's program-level config block;
             # the project-level `config` block has a different, lowercase type schema.
             project[section] = value
+    return yaml.safe_dump(project, sort_keys=False)
+
+
+def write_program_project(program: dict[str, Any], dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+    (dest / "Pulumi.yaml").write_text(program_project(program))
+
+
+def program_status(program: dict[str, Any], previous: dict[str, Any] | None, now: str) -> dict[str, Any]:
+    """A Program's `.status` as PKO v2 writes it: observedGeneration, and the artifact Stacks run (its
+    generation as the revision, the digest of the project it renders to). Nothing serves Programs over
+    HTTP here (Stacks read them from the API), so the artifact has no `url`. An invalid Program has no
+    artifact: the Stacks that use it say why."""
+    meta = program.get("metadata", {})
+    generation = int(meta.get("generation", 0))
+    status: dict[str, Any] = {"observedGeneration": generation}
+    try:
+        text = program_project(program)
+    except SpecInvalid:
+        return status
+    artifact = {"path": f"programs/{meta.get('namespace', '')}/{meta.get('name', '')}/{generation}",
+                "revision": str(generation), "digest": "sha256:" + hashlib.sha256(text.encode()).hexdigest(),
+                "lastUpdateTime": now}
+    before = (previous or {}).get("artifact") or {}
+    if all(before.get(k) == artifact[k] for k in ("path", "revision", "digest")):
+        artifact["lastUpdateTime"] = before.get("lastUpdateTime", now)  # unchanged: keep its time, write nothing
+    status["artifact"] = artifact
+    return status
+
+
+def project_info(project_dir: Path) -> dict[str, str] | None:
+    """`status.projectInfo` (PKO v2): the project's name and runtime from its Pulumi.yaml, or None if unreadable."""
+    for filename in ("Pulumi.yaml", "Pulumi.yml"):
+        path = project_dir / filename
+        if path.is_file():
+            try:
+                project = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError:
+                return None
+            runtime = project.get("runtime")
+            runtime = runtime.get("name") if isinstance(runtime, dict) else runtime
+            if isinstance(project.get("name"), str) and isinstance(runtime, str):
+                return {"name": project["name"], "runtime": runtime}
+            return None
+    return None
 
 
 # --- Git --------------------------------------------------------------------------------------
+
+
+GITHUB_API = "https://api.github.com"
+GITHUB_APP_FIELD = "spec.gitAuth.githubApp"
+
+
+@dataclasses.dataclass(frozen=True)
+class GitHubApp:
+    """A GitHub App installation's credentials; git gets a short-lived installation token minted from them."""
+
+    app_id: str
+    installation_id: str
+    private_key: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +145,59 @@ class GitCredentials:
     password: str = ""
     ssh_private_key: str = ""
     ssh_passphrase: str = ""
+    github_app: GitHubApp | None = None
 
     def register_secrets(self) -> None:
-        REDACTOR.add(self.token, self.password, self.ssh_private_key, self.ssh_passphrase)
+        REDACTOR.add(self.token, self.password, self.ssh_private_key, self.ssh_passphrase,
+                     self.github_app.private_key if self.github_app else "")
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def github_app_jwt(app: GitHubApp, now: float) -> str:
+    """The RS256 JWT that authenticates as the App (GitHub: iat 60 s back for clock drift, at most 10 min)."""
+    if not app.app_id.strip().isdigit():
+        raise SourceError(f"{GITHUB_APP_FIELD}.appID: not a numeric GitHub App ID (fix: use the App's ID from its "
+                          "settings page)")
+    try:
+        key = serialization.load_pem_private_key(app.private_key.encode(), password=None)
+    except (ValueError, TypeError):
+        key = None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise SourceError(f"{GITHUB_APP_FIELD}.privateKey: not a PEM-encoded RSA private key (fix: use the .pem "
+                          "file GitHub generated for the App)")
+    header = _b64url(json.dumps({"alg": "RS256", "typ": "JWT"}).encode())
+    claims = _b64url(json.dumps({"iat": int(now) - 60, "exp": int(now) + 540, "iss": app.app_id.strip()}).encode())
+    signature = key.sign(f"{header}.{claims}".encode(), padding.PKCS1v15(), hashes.SHA256())
+    return f"{header}.{claims}.{_b64url(signature)}"
+
+
+def github_app_token(app: GitHubApp, api: str = GITHUB_API, timeout: float = DEFAULT_FETCH_TIMEOUT) -> str:
+    """An installation access token for `app` (valid 1 h), from GitHub's API; SourceError naming the field."""
+    if not app.installation_id.strip().isdigit():
+        raise SourceError(f"{GITHUB_APP_FIELD}.installationID: not a numeric installation ID (fix: use the ID "
+                          "in the App installation's URL)")
+    jwt = github_app_jwt(app, time.time())
+    REDACTOR.add(jwt)
+    request = urllib.request.Request(
+        f"{api}/app/installations/{app.installation_id.strip()}/access_tokens", method="POST",
+        headers={"Authorization": f"Bearer {jwt}", "Accept": "application/vnd.github+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            token = json.loads(response.read()).get("token", "")
+    except urllib.error.HTTPError as err:
+        raise SourceError(f"{GITHUB_APP_FIELD}: {api} refused the App credentials (HTTP {err.code}) (fix: check "
+                          "appID, installationID and privateKey)") from None
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise SourceError(f"{GITHUB_APP_FIELD}: cannot reach {api} to mint an installation token ({reason}) "
+                          "(fix: allow the operator to reach it, or use spec.gitAuth.accessToken)") from None
+    if not token:
+        raise SourceError(f"{GITHUB_APP_FIELD}: {api} returned no installation token")
+    REDACTOR.add(token)
+    return token
 
 
 def _git_env(creds: GitCredentials | None, scratch: Path) -> dict[str, str]:
@@ -99,6 +211,9 @@ def _git_env(creds: GitCredentials | None, scratch: Path) -> dict[str, str]:
     }
     if creds is None:
         return env
+    if creds.github_app is not None:
+        # GitHub takes an installation token as the password of the user x-access-token.
+        creds = GitCredentials(username="x-access-token", password=github_app_token(creds.github_app))
     if creds.ssh_private_key:
         key = scratch / "id_key"
         key.write_text(creds.ssh_private_key.rstrip("\n") + "\n")

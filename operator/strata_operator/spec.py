@@ -13,7 +13,7 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 # Fields PKO v2 accepts that describe its pod-per-workspace machinery. They have no meaning for
 # how Strata runs updates; they are accepted and reported once as an Event.
@@ -28,7 +28,11 @@ _GO_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+$")
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _REPO_URL = re.compile(r"^(?:(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+)$")
-FLUX_SOURCE_KINDS = ("GitRepository", "OCIRepository", "Bucket")
+# Flux source kinds whose objects the operator watches, so a new artifact wakes the Stack at once. Any
+# other kind with an artifact (HelmChart, ExternalArtifact, ...) is accepted too, and polled.
+WATCHED_FLUX_KINDS = ("GitRepository", "OCIRepository", "Bucket")
+# PKO's order when a Stack names several sources: the first present is used, the rest are ignored.
+SOURCE_ORDER = (("git", "projectRepo"), ("flux", "fluxSource"), ("program", "programRef"))
 
 
 class _Model(BaseModel):
@@ -79,10 +83,25 @@ class SSHAuth(_Model):
     password: ResourceRef | None = None
 
 
+class GitHubAppAuth(_Model):
+    """PKO v2.7: a GitHub App's credentials, exchanged at api.github.com for an installation token."""
+
+    app_id: ResourceRef = Field(alias="appID")
+    installation_id: ResourceRef = Field(alias="installationID")
+    private_key: ResourceRef = Field(alias="privateKey")
+
+
 class GitAuth(_Model):
     access_token: ResourceRef | None = Field(default=None, alias="accessToken")
     ssh_auth: SSHAuth | None = Field(default=None, alias="sshAuth")
     basic_auth: BasicAuth | None = Field(default=None, alias="basicAuth")
+    github_app: GitHubAppAuth | None = Field(default=None, alias="githubApp")
+
+    @property
+    def modes(self) -> list[str]:
+        return [alias for alias, value in (("accessToken", self.access_token), ("sshAuth", self.ssh_auth),
+                                           ("basicAuth", self.basic_auth), ("githubApp", self.github_app))
+                if value is not None]
 
 
 class FluxSourceRef(_Model):
@@ -91,9 +110,17 @@ class FluxSourceRef(_Model):
     name: str
 
 
+def _inside_source(value: str) -> str:
+    # PKO reads repoDir and fluxSource.dir relative to the source whatever their leading '/' (its
+    # stack-examples use repoDir: /kubernetes-ts-nginx): a leading '/' is the source's root, not the host's.
+    return value.lstrip("/")
+
+
 class FluxSource(_Model):
     source_ref: FluxSourceRef = Field(alias="sourceRef")
     dir: str = ""
+
+    _dir_inside_source = field_validator("dir")(_inside_source)
 
 
 class ProgramRef(_Model):
@@ -146,6 +173,8 @@ class StackSpec(_Model):
     continue_resync_on_commit_match: bool = Field(default=False, alias="continueResyncOnCommitMatch")
     resync_frequency_seconds: int = Field(default=0, alias="resyncFrequencySeconds")
     destroy_on_finalize: bool = Field(default=False, alias="destroyOnFinalize")
+    # PKO v2: run the program during the destroy on finalize (pulumi destroy --run-program).
+    run_program: bool = Field(default=False, alias="runProgram")
     retry_on_update_conflict: bool = Field(default=False, alias="retryOnUpdateConflict")
     retry_max_backoff_duration_seconds: int = Field(default=0, alias="retryMaxBackoffDurationSeconds")
     preview: bool = False
@@ -155,17 +184,38 @@ class StackSpec(_Model):
     workspace_reclaim_policy: str = Field(default="", alias="workspaceReclaimPolicy")
     update_template: dict[str, Any] | None = Field(default=None, alias="updateTemplate")
 
+    _repo_dir_inside_source = field_validator("repo_dir")(_inside_source)
+
+    @property
+    def sources(self) -> list[str]:
+        """The sources the spec names, in PKO's order of preference (git, Flux, Program)."""
+        present = {"git": bool(self.project_repo), "flux": self.flux_source is not None,
+                   "program": self.program_ref is not None}
+        return [kind for kind, _ in SOURCE_ORDER if present[kind]]
+
     @property
     def source_kind(self) -> Literal["git", "flux", "program"]:
-        if self.program_ref is not None:
-            return "program"
-        if self.flux_source is not None:
-            return "flux"
-        return "git"
+        """The source used: the first in PKO's order (parse_stack_spec ensures there is one)."""
+        return self.sources[0] if self.sources else "git"  # type: ignore[return-value]
+
+    @property
+    def polled(self) -> bool:
+        """Whether the source must be polled every resync period: a branch (ls-remote) or a Flux source of a
+        kind the operator does not watch. Other sources wake the Stack through their watch events."""
+        if self.source_kind == "git":
+            return bool(self.branch)
+        if self.source_kind == "flux" and self.flux_source is not None:
+            return self.flux_source.source_ref.kind not in WATCHED_FLUX_KINDS
+        return False
 
     def resync_seconds(self, floor: int = MIN_RESYNC_SECONDS) -> int:
         """PKO semantics: unset or below the minimum (`floor`, 60 s unless the operator lowers it) means it."""
         return max(self.resync_frequency_seconds, floor)
+
+
+STALLED_SPEC_INVALID = "SpecInvalid"
+# PKO v1's reason for a Secret ref into another namespace.
+STALLED_CROSS_NAMESPACE_REF = "CrossNamespaceRefForbidden"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +223,7 @@ class SpecIssue:
     path: str
     problem: str
     fix: str
+    reason: str = STALLED_SPEC_INVALID
 
     def __str__(self) -> str:
         return f"{self.path}: {self.problem} (fix: {self.fix})"
@@ -189,9 +240,16 @@ class SpecInvalid(Exception):
     def fields(self) -> list[str]:
         return [i.path for i in self.issues]
 
+    @property
+    def reason(self) -> str:
+        """The Stalled reason: PKO's specific one when an issue has it (cross-namespace refs), else SpecInvalid."""
+        return next((i.reason for i in self.issues if i.reason != STALLED_SPEC_INVALID), STALLED_SPEC_INVALID)
+
 
 def parse_duration(text: str) -> float:
-    """A Go `time.Duration` string ("90s", "1h30m") in seconds; ValueError if malformed."""
+    """A Go `time.Duration` string ("90s", "1h30m", or "0" as Go allows) in seconds; ValueError if malformed."""
+    if text == "0":
+        return 0.0
     if not _GO_DURATION.match(text):
         raise ValueError(text)
     return sum(float(n) * _DURATION_UNITS[u] for n, u in _GO_DURATION_PART.findall(text))
@@ -250,7 +308,7 @@ def _ref_issues(path: str, ref: ResourceRef, namespace: str) -> list[SpecIssue]:
             issues.append(SpecIssue(f"{path}.secret.key", "empty key", "name a key of the Secret"))
         if ref.secret.namespace and ref.secret.namespace != namespace:
             issues.append(SpecIssue(f"{path}.secret.namespace", "cross-namespace refs are not allowed",
-                                    f"remove namespace or set it to {namespace!r}"))
+                                    f"remove namespace or set it to {namespace!r}", STALLED_CROSS_NAMESPACE_REF))
     if ref.env is not None and not _ENV_NAME.match(ref.env.name):
         issues.append(SpecIssue(f"{path}.env.name", "not an environment variable name",
                                 "use letters, digits and underscores"))
@@ -260,8 +318,8 @@ def _ref_issues(path: str, ref: ResourceRef, namespace: str) -> list[SpecIssue]:
 
 
 def _relative_dir_issue(path: str, value: str) -> list[SpecIssue]:
-    if value.startswith("/") or ".." in value.split("/"):
-        return [SpecIssue(path, "must be a relative path inside the source", "remove leading '/' and '..'")]
+    if ".." in value.split("/"):
+        return [SpecIssue(path, "must be a path inside the source", "remove '..'")]
     return []
 
 
@@ -270,13 +328,11 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
     if not _STACK_NAME.match(spec.stack):
         issues.append(SpecIssue("spec.stack", f"{spec.stack!r} is not a stack name",
                                 "use <stack>, <org>/<stack> or <org>/<project>/<stack>"))
-    git = bool(spec.project_repo)
-    sources = [name for name, present in (("projectRepo", git), ("fluxSource", spec.flux_source is not None),
-                                          ("programRef", spec.program_ref is not None)) if present]
-    if len(sources) != 1:
-        found = ", ".join(f"spec.{s}" for s in sources) or "none"
-        issues.append(SpecIssue("spec", f"exactly one source must be given, found {found}",
-                                "set exactly one of spec.projectRepo, spec.fluxSource, spec.programRef"))
+    git = bool(spec.project_repo)  # first in PKO's order: used whenever given
+    if not spec.sources:
+        issues.append(SpecIssue("spec", "no program source: PKO v2 would run the program baked into the workspace "
+                                        "image (spec.workspaceTemplate), which Strata does not run",
+                                "set one of spec.projectRepo, spec.fluxSource, spec.programRef"))
     if not git:
         for name, value in (("commit", spec.commit), ("branch", spec.branch), ("repoDir", spec.repo_dir),
                             ("gitAuthSecret", spec.git_auth_secret)):
@@ -298,12 +354,10 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
             issues.append(SpecIssue("spec.commit", "not a commit SHA", "use a hex commit SHA (7-64 digits)"))
         issues += _relative_dir_issue("spec.repoDir", spec.repo_dir)
     if spec.git_auth is not None:
-        modes = [m for m in ("accessToken", "sshAuth", "basicAuth")
-                 if getattr(spec.git_auth, {"accessToken": "access_token", "sshAuth": "ssh_auth",
-                                             "basicAuth": "basic_auth"}[m]) is not None]
+        modes = spec.git_auth.modes
         if len(modes) != 1:
             issues.append(SpecIssue("spec.gitAuth", f"exactly one auth mode must be set, found {modes or 'none'}",
-                                    "set one of accessToken, sshAuth, basicAuth"))
+                                    "set one of accessToken, sshAuth, basicAuth, githubApp"))
         if spec.git_auth.access_token is not None:
             issues += _ref_issues("spec.gitAuth.accessToken", spec.git_auth.access_token, namespace)
         if spec.git_auth.basic_auth is not None:
@@ -314,6 +368,11 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
                                   namespace)
             if spec.git_auth.ssh_auth.password is not None:
                 issues += _ref_issues("spec.gitAuth.sshAuth.password", spec.git_auth.ssh_auth.password, namespace)
+        if spec.git_auth.github_app is not None:
+            app = spec.git_auth.github_app
+            for field, ref in (("appID", app.app_id), ("installationID", app.installation_id),
+                               ("privateKey", app.private_key)):
+                issues += _ref_issues(f"spec.gitAuth.githubApp.{field}", ref, namespace)
     if spec.git_auth is not None and spec.git_auth_secret:
         issues.append(SpecIssue("spec.gitAuthSecret", "conflicts with spec.gitAuth",
                                 "remove the deprecated spec.gitAuthSecret"))
@@ -323,9 +382,9 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
         if group != "source.toolkit.fluxcd.io" or "/" not in ref.api_version:
             issues.append(SpecIssue("spec.fluxSource.sourceRef.apiVersion", f"{ref.api_version!r} is not a Flux source API",
                                     "use source.toolkit.fluxcd.io/v1 (or v1beta2)"))
-        if ref.kind not in FLUX_SOURCE_KINDS:
-            issues.append(SpecIssue("spec.fluxSource.sourceRef.kind", f"{ref.kind!r} is not a Flux source kind",
-                                    f"use one of {', '.join(FLUX_SOURCE_KINDS)}"))
+        if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", ref.kind):
+            issues.append(SpecIssue("spec.fluxSource.sourceRef.kind", f"{ref.kind!r} is not a Kubernetes kind",
+                                    "use the kind of a Flux source, e.g. GitRepository, OCIRepository, HelmChart"))
         if not _DNS_NAME.match(ref.name):
             issues.append(SpecIssue("spec.fluxSource.sourceRef.name", "not an object name",
                                     "use the name of the source object in the Stack's namespace"))
@@ -354,8 +413,10 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
         issues.append(SpecIssue(f"spec.secretsRef.{key}", "key is also set as plain config",
                                 "set each config key once, either in config or in secretsRef"))
     for i, target in enumerate(spec.targets):
-        if not target.startswith("urn:pulumi:"):
-            issues.append(SpecIssue(f"spec.targets[{i}]", "not a resource URN", "use a URN like urn:pulumi:..."))
+        # pulumi --target takes URNs and URN globs ("**", "urn:pulumi:dev::app::*"), as PKO passes them on.
+        if not (target.startswith("urn:pulumi:") or "*" in target):
+            issues.append(SpecIssue(f"spec.targets[{i}]", "not a resource URN or URN glob",
+                                    "use a URN like urn:pulumi:<stack>::<project>::<type>::<name>, or a glob such as **"))
     names = set()
     for i, prereq in enumerate(spec.prerequisites):
         if not _DNS_NAME.match(prereq.name):
@@ -381,6 +442,9 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
     if spec.preview and spec.destroy_on_finalize:
         issues.append(SpecIssue("spec.destroyOnFinalize", "a preview Stack never creates resources to destroy",
                                 "remove destroyOnFinalize or preview"))
+    if spec.run_program and not spec.destroy_on_finalize:
+        issues.append(SpecIssue("spec.runProgram", "only applies to the destroy of spec.destroyOnFinalize",
+                                "set spec.destroyOnFinalize or remove spec.runProgram"))
     if spec.target_dependents and not spec.targets:
         issues.append(SpecIssue("spec.targetDependents", "only applies with spec.targets", "set spec.targets or remove it"))
     return issues
@@ -402,10 +466,49 @@ def not_applicable_fields(raw: dict[str, Any]) -> list[str]:
     return [f for f in NOT_APPLICABLE_FIELDS if raw.get(f) not in (None, "", {}, [])]
 
 
+def workspace_mounts(workspace_template: dict[str, Any] | None) -> dict[str, str]:
+    """Mount path -> volume name of the containers of PKO v2's workspace pod (spec.workspaceTemplate)."""
+    pod = (((workspace_template or {}).get("spec") or {}).get("podTemplate") or {}).get("spec") or {}
+    mounts: dict[str, str] = {}
+    for container in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]:
+        for mount in (container or {}).get("volumeMounts") or []:
+            if isinstance(mount, dict) and isinstance(mount.get("mountPath"), str):
+                mounts[mount["mountPath"].rstrip("/") or "/"] = str(mount.get("name", ""))
+    return mounts
+
+
+def backend_in_workspace_volume(spec: StackSpec, backend_url: str) -> SpecIssue | None:
+    """A file:// backend inside a volume that PKO mounts into its workspace pod (its e2e Stacks keep state
+    on a PersistentVolumeClaim at /state): updates here run on the operator's host, which has no such
+    volume, so the state would land in the host's directory instead. Named, never run."""
+    if not backend_url.startswith("file://"):
+        return None
+    path = backend_url.removeprefix("file://").rstrip("/") or "/"
+    mounts = workspace_mounts(spec.workspace_template)
+    mount = next((m for m in sorted(mounts, key=len, reverse=True)
+                  if path == m or path.startswith(m.rstrip("/") + "/")), None)
+    if mount is None:
+        return None
+    field = "spec.backend" if spec.backend else "spec.envRefs.PULUMI_BACKEND_URL"
+    return SpecIssue(field, f"the file:// backend {backend_url!r} is inside the volume {mounts[mount]!r} that PKO "
+                            f"mounts at {mount} in its workspace pod (spec.workspaceTemplate); Strata runs updates on "
+                            "the operator's host, which has no such volume",
+                     "use a backend the operator's host can reach (a file:// directory of its own, or a cloud "
+                     "backend)")
+
+
+def unused_sources(spec: StackSpec) -> list[str]:
+    """The source fields PKO's order leaves unused when a spec names several (git, then Flux, then Program)."""
+    aliases = dict(SOURCE_ORDER)
+    return [aliases[kind] for kind in spec.sources[1:]]
+
+
 class ProgramBody(_Model):
     """`Program.program`: a Pulumi YAML program (configuration, resources, variables, outputs)."""
 
     configuration: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # PKO v2.9: package name -> source (a plugin or Git/registry ref, as Pulumi.yaml's `packages`).
+    packages: dict[str, str] = Field(default_factory=dict)
     resources: dict[str, dict[str, Any]] = Field(default_factory=dict)
     variables: dict[str, Any] = Field(default_factory=dict)
     outputs: dict[str, Any] = Field(default_factory=dict)

@@ -24,18 +24,27 @@ NOT_READY_STALLED = "NotReadyStalled"
 RECONCILING_PROCESSING = "StackProcessing"
 RECONCILING_RETRY = "RetryingAfterFailure"
 RECONCILING_PREREQUISITE = "PrerequisiteNotSatisfied"
+# A preview Stack's preview failed, within the retry budget (PKO v2).
+RECONCILING_PREVIEW_FAILED = "PreviewFailed"
 # The Flux source is still being fetched: the Stack waits, it is not stuck (kstatus: in progress).
 RECONCILING_SOURCE = "SourceNotReady"
-STALLED_SPEC_INVALID = "SpecInvalid"
+# SpecInvalid and CrossNamespaceRefForbidden: spec.py's, whose issues decide between them (SpecInvalid.reason).
 STALLED_SOURCE_UNAVAILABLE = "SourceUnavailable"
 STALLED_CONFLICT = "UpdateConflict"
 STALLED_UPDATE_FAILED = "UpdateFailed"
 STALLED_DESTROY_BLOCKED = "DestroyBlocked"
+# The program's dependencies (requirements.txt) do not install: PKO's workspace that fails to install.
+WORKSPACE_FAILED = "WorkspaceFailed"
+# On deletion the namespace is terminating and what the destroy needs is gone with it (PKO v2).
+STALLED_NAMESPACE_TERMINATING = "NamespaceTerminating"
 # lastUpdate.reason of a run that died with the operator (not a Stack failure: resumed without backoff).
 UPDATE_INTERRUPTED = "UpdateInterrupted"
 # lastUpdate.reason of a run that failed in a way retrying cannot fix (engine outcome "blocked"): Stalled
 # at once, until the spec, the source or a reconcile request changes.
 UPDATE_BLOCKED = "UpdateBlocked"
+# A blocked run whose cause is the operator's pulumi CLI being too old for what the spec asks (PKO's reason
+# for a workspace image's CLI): Stalled at once like UpdateBlocked, under this reason.
+PULUMI_VERSION_TOO_LOW = "PulumiVersionTooLow"
 
 # Event reasons (PKO's names).
 EVENT_UPDATE_DETECTED = "StackUpdateDetected"

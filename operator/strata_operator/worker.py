@@ -31,8 +31,12 @@ from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, Stack
 
 from .engine import RESULT_PREFIX
 from .plugins import cached_plugins, link_plugins, missing_plugin, missing_plugin_advice
-from .pythonenv import ensure_virtualenv
+from .pythonenv import PythonEnvError, ensure_virtualenv
 from .redaction import Redactor
+from .status import PULUMI_VERSION_TOO_LOW, WORKSPACE_FAILED
+
+# How the CLI refuses a flag it predates (e.g. destroy --run-program for spec.runProgram).
+_UNKNOWN_FLAG = re.compile(r"unknown flag: (--[a-z][a-z-]*)")
 
 _PERMALINK = re.compile(r"(?:View (?:Live|in Browser)|Permalink)[^:]*:\s+(https?://\S+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -381,7 +385,7 @@ def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any
         refreshed = stack.refresh(target=targets, message=message)
         stdout, summary = refreshed.stdout, dict(refreshed.summary.resource_changes or {})
     else:
-        destroyed = stack.destroy(target=targets, message=message)
+        destroyed = stack.destroy(target=targets, message=message, run_program=request["run_program"] or None)
         stdout, summary = destroyed.stdout, dict(destroyed.summary.resource_changes or {})
     return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary, "outputs": {}}
 
@@ -421,9 +425,17 @@ def failure_result(err: Exception, request: dict[str, Any]) -> dict[str, Any]:
                 "message": missing_plugin_advice(plugin, Path(request["plugin_cache"]), cli_dir)}
     if isinstance(err, CommandError):
         message = _failure_message(err)
+        flag = _UNKNOWN_FLAG.search(f"{err}")
+        if flag is not None:
+            return {"outcome": "blocked", "reason": PULUMI_VERSION_TOO_LOW,
+                    "message": f"the operator's pulumi CLI does not know {flag.group(1)} ({message}); update the "
+                               "CLI on the operator's PATH, or remove the spec field that asks for it"}
         if _lost_checkpoint_race(message, request["stack_name"]):
             return {"outcome": "conflict", "message": f"the stack is locked by another update ({message})"}
         return {"outcome": "failed", "message": message}
+    if isinstance(err, PythonEnvError):
+        # PKO's reason for a workspace whose dependencies do not install (retried like any failure here).
+        return {"outcome": "failed", "reason": WORKSPACE_FAILED, "message": str(err)}
     return {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
 
 

@@ -97,6 +97,17 @@ def test_missing_required_config_fails(engine, tmp_path):
     assert result.outcome == "failed" and "greeting" in result.message
 
 
+def test_destroy_with_run_program_runs_the_program(engine, tmp_path):
+    """spec.runProgram: destroy --run-program loads the program, so one that no longer loads fails the destroy
+    that, without it, works from the state alone."""
+    assert asyncio.run(engine.up(request(tmp_path))).ok
+    req = request(tmp_path, PROGRAM.replace("${note.output}", "${nosuch.output}"))  # breaks the program
+    refused = asyncio.run(engine.destroy(UpdateRequest(**{**req.__dict__, "run_program": True})))
+    assert refused.outcome == "failed" and "nosuch" in refused.message
+    destroyed = asyncio.run(engine.destroy(req))
+    assert destroyed.ok and destroyed.summary.get("delete") == 3
+
+
 def test_held_lock_is_a_conflict_and_recover_clears_only_our_dead_run(engine, tmp_path):
     req = request(tmp_path)
     assert asyncio.run(engine.up(req)).ok

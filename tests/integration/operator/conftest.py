@@ -218,3 +218,10 @@ def eventually_constant(read, seconds: float, interval: float = 0.5):
         now = read()
         assert now == first, f"changed while nothing changed: {first!r} -> {now!r}"
     return first
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked common_word_secret run after the others. The operator masks every secret it has seen
+    wherever it appears (one process serves the whole session), so a secret such as PKO's manifests'
+    passphrase "test" turns every later "test" in messages and paths into [secret]."""
+    items.sort(key=lambda item: item.get_closest_marker("common_word_secret") is not None)

@@ -107,3 +107,40 @@ def test_prerequisites_wait_then_rerun_a_stale_prerequisite(stacks):
     base = stacks.get("base")
     assert base["status"]["lastUpdate"]["name"] != base_run
     assert base["metadata"]["annotations"]["pulumi.com/reconciliation-request"] == f"after-{base_run}"
+
+
+def test_a_failed_then_a_stale_prerequisite_blocks_and_then_releases(stacks):
+    """Not only a missing prerequisite: one that failed blocks until it succeeds, and one older than
+    succeededWithinDuration blocks (naming why) until its re-run succeeds."""
+    broken = {"resources": {"s": {"type": "pulumi:index:Stash", "properties": {"input": "${nothere.output}"}}}}
+    stacks.program("base", broken)
+    stacks.program("app", stash_program(layer="app"))
+    stacks.create("base", stacks.spec(stack="base", programRef={"name": "base"}))
+    stacks.wait("base", lambda o: ((o.get("status") or {}).get("lastUpdate") or {}).get("state") == "failed", 90,
+                "base failed")
+    stacks.create("app", stacks.spec(stack="app", programRef={"name": "app"}, prerequisites=[
+        {"name": "base", "requirement": {"succeededWithinDuration": "1h"}}]))
+    blocked = stacks.wait("app", lambda o: has_condition(o, "Reconciling", "PrerequisiteNotSatisfied"), 60,
+                          "blocked by the failed base")
+    assert condition(blocked, "Reconciling")["message"] == "prerequisite 'base' failed"
+    assert eventually_constant(lambda: stacks.runs("app"), 4) == 0
+
+    stacks.replace_program("base", _big_program(150))  # fixed, and slow enough to watch the next block
+    stacks.wait_ready("base", 120)
+    released = stacks.wait_ready("app", 90)  # woken by base's success
+    assert released["status"]["lastUpdate"]["state"] == "succeeded"
+    base_run = stacks.get("base")["status"]["lastUpdate"]["name"]
+
+    processes.wait_until(lambda: _resync_age(stacks, "base") > 3, 10, "base's last run to be 3 s old")
+    stacks.patch("app", {"spec": {"prerequisites": [
+        {"name": "base", "requirement": {"succeededWithinDuration": "3s"}}]}})
+    stale = stacks.wait("app", lambda o: has_condition(o, "Reconciling", "PrerequisiteNotSatisfied"), 30,
+                        "blocked by the stale base")
+    # Found out of date, base is asked to re-run; until that run completes app waits on it.
+    assert condition(stale, "Reconciling")["message"] in ("prerequisite 'base' is out of date (older than 3s)",
+                                                          "prerequisite 'base' has not run to completion")
+    asked = stacks.get("base")["metadata"]["annotations"]["pulumi.com/reconciliation-request"]
+    assert asked == f"after-{base_run}"
+    released = stacks.wait("app", lambda o: has_condition(o, "Ready") and o["status"]["lastUpdate"]["generation"]
+                           == o["metadata"]["generation"], 120, "released once base re-ran")
+    assert stacks.get("base")["status"]["lastUpdate"]["name"] != base_run

@@ -29,6 +29,7 @@ def test_program_stack_becomes_ready_with_outputs_and_masked_secrets(stacks, too
     last = status["lastUpdate"]
     assert last["state"] == "succeeded" and last["type"] == "up"
     assert last["lastSuccessfulCommit"] == "hello/1"  # the Program's name/generation
+    assert status["projectInfo"] == {"name": "hello", "runtime": "yaml"}  # PKO v2: from the run's Pulumi.yaml
     assert not status.get("currentUpdate")
     assert [c["type"] for c in status["conditions"]] == ["Ready"]
     assert "finalizer.stack.pulumi.com" in obj["metadata"]["finalizers"]
@@ -56,6 +57,8 @@ def test_program_change_reruns_and_updates_outputs(stacks):
         "re-run for Program generation 2")
     assert after["status"]["outputs"] == {"greeting": "bonjour"}
     assert stacks.runs("greeter") == 2
+    program = stacks.custom.get_namespaced_custom_object("pulumi.com", "v1", stacks.namespace, "programs", "greeter")
+    assert program["status"]["observedGeneration"] == 2 and program["status"]["artifact"]["revision"] == "2"
 
 
 def test_reconciliation_request_annotation_forces_a_run(stacks):

@@ -30,14 +30,17 @@ def test_packaged_operator_rbac_is_least_privilege_rule_by_rule():
         ("pulumi.com", "stacks"): {"get", "list", "watch", "patch", "update"},
         ("pulumi.com", "stacks/status"): {"get", "patch", "update"},
         ("pulumi.com", "programs"): READ,
+        ("pulumi.com", "programs/status"): {"get", "patch"},
         ("source.toolkit.fluxcd.io", "gitrepositories"): READ,
         ("source.toolkit.fluxcd.io", "ocirepositories"): READ,
         ("source.toolkit.fluxcd.io", "buckets"): READ,
+        ("source.toolkit.fluxcd.io", "helmcharts"): {"get"},
+        ("source.toolkit.fluxcd.io", "externalartifacts"): {"get"},
         ("", "secrets"): {"get"}, ("", "configmaps"): {"get"},
         ("", "serviceaccounts/token"): {"create"},
         ("", "events"): {"create", "patch"}, ("events.k8s.io", "events"): {"create", "patch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
-        ("", "namespaces"): {"list", "watch"},
+        ("", "namespaces"): {"get", "list", "watch"},
     }
 
 

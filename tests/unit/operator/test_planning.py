@@ -6,7 +6,7 @@ import pytest
 
 from strata_operator.backoff import cooldown_seconds
 from strata_operator.planning import (Requests, check_prerequisite, plan_finalize, plan_stack,
-                                      prerequisites_verdict)
+                                      prerequisites_verdict, terminating_namespace_message)
 from strata_operator.spec import Prerequisite, Requirement, parse_stack_spec
 from strata_operator.status import RunRecord, failed_update, rfc3339, succeeded_update
 
@@ -134,6 +134,42 @@ def test_a_blocked_update_stalls_at_once_until_something_changes():
     assert plan_stack(spec(), 1, Requests(), last, "c" * 40, NOW).run == "up"
 
 
+def test_a_failed_preview_is_reconciling_preview_failed_until_the_stall():
+    previewing = spec(preview=True)
+    last = failed_update(None, RunRecord("s-1", "preview", 1, "", SHA, NOW, "host"), "UpdateFailed", "boom", "", NOW)
+    plan = plan_stack(previewing, 1, Requests(), last, SHA, NOW)
+    assert plan.run is None and (plan.verdict.phase, plan.verdict.reason) == ("reconciling", "PreviewFailed")
+    assert plan.verdict.message == "preview failed (1 attempt(s)): boom"
+    for _ in range(4):
+        last = failed_update(last, RunRecord("s-1", "preview", 1, "", SHA, NOW, "host"), "UpdateFailed", "boom", "",
+                             NOW)
+    assert plan_stack(previewing, 1, Requests(), last, SHA, NOW).verdict.reason == "UpdateFailed"
+
+
+def test_a_workspace_that_keeps_failing_stalls_as_workspace_failed():
+    retrying = plan_stack(spec(), 1, Requests(), failed(1, reason="WorkspaceFailed"), SHA, NOW)
+    assert retrying.verdict.reason == "RetryingAfterFailure"
+    stalled = plan_stack(spec(), 1, Requests(), failed(5, reason="WorkspaceFailed"), SHA, NOW)
+    assert (stalled.verdict.phase, stalled.verdict.reason) == ("stalled", "WorkspaceFailed")
+
+
+def test_an_unwatched_flux_kind_is_polled_every_resync_period():
+    helm = parse_stack_spec({"stack": "dev", "fluxSource": {"sourceRef": {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "HelmChart", "name": "c"}}}, "ns")
+    plan = plan_stack(helm, 1, Requests(), ok(commit="sha256:1"), "sha256:1", NOW)
+    assert plan.verdict.phase == "ready" and plan.requeue_after == 60.0
+    watched = parse_stack_spec({"stack": "dev", "fluxSource": {"sourceRef": {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "c"}}}, "ns")
+    assert plan_stack(watched, 1, Requests(), ok(commit="sha256:1"), "sha256:1", NOW).requeue_after is None
+
+
+def test_terminating_namespace_message_says_what_is_left_and_how_to_release():
+    message = terminating_namespace_message("team", "app", "spec.envRefs.X: Secret 's' not found", "")
+    assert "namespace 'team' is terminating" in message and "spec.envRefs.X" in message
+    assert "must be cleaned up manually" in message
+    assert """kubectl patch stack app -n team --type=merge -p '{"metadata":{"finalizers":[]}}'""" in message
+
+
 def test_failures_count_only_same_target():
     assert failed(3)["failures"] == 3
     again = failed_update(failed(3), run(gen=2), "UpdateFailed", "x", "", NOW)
@@ -178,3 +214,11 @@ def test_finalize_destroys_only_with_flag():
     assert plan_finalize(spec(destroyOnFinalize=True)).destroy is True
     assert plan_finalize(None).destroy is False
     assert rfc3339(NOW) == "2025-01-01T12:00:00Z"
+
+
+def test_a_cli_too_old_stalls_at_once_as_pulumi_version_too_low():
+    last = failed_update(None, run(), "PulumiVersionTooLow", "the operator's pulumi CLI does not know --run-program",
+                         "", NOW - timedelta(days=1))
+    plan = plan_stack(spec(), 1, Requests(), last, SHA, NOW)
+    assert (plan.run, plan.verdict.phase, plan.verdict.reason) == (None, "stalled", "PulumiVersionTooLow")
+    assert plan_stack(spec(), 2, Requests(), last, SHA, NOW).run == "up"

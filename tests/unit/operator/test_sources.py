@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata_operator.sources import (FluxArtifact, SourceError, SourceNotReady, UnsafeArchive, download_artifact, flux_artifact,
-                                     git_branch_head, git_checkout, program_revision, safe_extract, subdir,
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from strata_operator.sources import (FluxArtifact, GitHubApp, SourceError, SourceNotReady, UnsafeArchive,
+                                     download_artifact, flux_artifact, git_branch_head, git_checkout, github_app_jwt, github_app_token,
+                                     program_revision, program_status, project_info, safe_extract, subdir,
                                      write_program_project)
 
 
@@ -149,6 +153,93 @@ def test_program_becomes_a_yaml_project(tmp_path):
     assert project["configuration"] == {"greeting": {"type": "String", "default": "hi"}}
     assert project["resources"]["s"]["type"] == "pulumi:index:Stash"
     assert program_revision(program) == "site/4"
+
+
+def test_program_packages_reach_the_project_file(tmp_path):
+    program = {"metadata": {"name": "site", "generation": 1},
+               "program": {"packages": {"random": "random@4.16.0"},
+                           "resources": {"r": {"type": "random:RandomString", "properties": {"length": 4}}}}}
+    write_program_project(program, tmp_path)
+    assert yaml.safe_load((tmp_path / "Pulumi.yaml").read_text())["packages"] == {"random": "random@4.16.0"}
+
+
+def test_program_status_is_pkos_artifact_and_moves_only_when_the_program_does():
+    program = {"metadata": {"name": "site", "namespace": "team", "generation": 3},
+               "program": {"resources": {"s": {"type": "pulumi:index:Stash", "properties": {"input": 1}}}}}
+    first = program_status(program, None, "2025-01-01T00:00:00Z")
+    artifact = first["artifact"]
+    assert first["observedGeneration"] == 3 and "url" not in artifact
+    assert (artifact["path"], artifact["revision"]) == ("programs/team/site/3", "3")
+    rendered = yaml.safe_dump({"name": "site", "runtime": "yaml", "resources": program["program"]["resources"]},
+                              sort_keys=False)
+    assert artifact["digest"] == "sha256:" + hashlib.sha256(rendered.encode()).hexdigest()
+    assert program_status(program, first, "2025-01-02T00:00:00Z") == first  # unchanged: same time, no write
+    changed = {**program, "metadata": {**program["metadata"], "generation": 4},
+               "program": {"resources": {"s": {"type": "pulumi:index:Stash", "properties": {"input": 2}}}}}
+    after = program_status(changed, first, "2025-01-02T00:00:00Z")["artifact"]
+    assert after["lastUpdateTime"] == "2025-01-02T00:00:00Z" and after["digest"] != artifact["digest"]
+    invalid = {"metadata": {"name": "bad", "generation": 2}, "program": {"resources": {"a": {}}}}
+    assert program_status(invalid, first, "2025-01-02T00:00:00Z") == {"observedGeneration": 2}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("name: app\nruntime: yaml\n", {"name": "app", "runtime": "yaml"}),
+    ("name: app\nruntime:\n  name: python\n  options: {toolchain: pip}\n", {"name": "app", "runtime": "python"}),
+    ("runtime: yaml\n", None),
+    ("name: [\n", None),
+])
+def test_project_info_reads_name_and_runtime(tmp_path, text, expected):
+    (tmp_path / "Pulumi.yaml").write_text(text)
+    assert project_info(tmp_path) == expected
+
+
+def test_project_info_of_a_directory_without_a_project_is_none(tmp_path):
+    assert project_info(tmp_path) is None
+
+
+@pytest.fixture(scope="module")
+def app_key():
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()
+    return key, pem
+
+
+def test_github_app_jwt_is_signed_by_the_app_key_for_github(app_key):
+    import base64
+    import json
+
+    key, pem = app_key
+    token = github_app_jwt(GitHubApp("12345", "678", pem), now=1_700_000_000)
+    header, claims, signature = token.split(".")
+
+    def decode(part):
+        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+    assert json.loads(decode(header)) == {"alg": "RS256", "typ": "JWT"}
+    assert json.loads(decode(claims)) == {"iat": 1_700_000_000 - 60, "exp": 1_700_000_000 + 540, "iss": "12345"}
+    key.public_key().verify(decode(signature), f"{header}.{claims}".encode(), padding.PKCS1v15(), hashes.SHA256())
+
+
+@pytest.mark.parametrize("app,field", [
+    (GitHubApp("not-a-number", "1", "x"), "spec.gitAuth.githubApp.appID"),
+    (GitHubApp("1", "abc", "x"), "spec.gitAuth.githubApp.installationID"),
+    (GitHubApp("1", "2", "-----BEGIN RSA PRIVATE KEY-----\nnope\n-----END RSA PRIVATE KEY-----\n"),
+     "spec.gitAuth.githubApp.privateKey"),
+])
+def test_bad_github_app_credentials_name_the_field_and_never_the_key(app, field):
+    with pytest.raises(SourceError) as caught:
+        github_app_token(app, api="http://127.0.0.1:9")
+    assert str(caught.value).startswith(field) and "fix:" in str(caught.value) and "nope" not in str(caught.value)
+
+
+def test_an_unreachable_github_api_names_the_field_and_the_fix(app_key):
+    _, pem = app_key
+    with pytest.raises(SourceError) as caught:
+        github_app_token(GitHubApp("1", "2", pem), api="http://127.0.0.1:9", timeout=5)
+    message = str(caught.value)
+    assert message.startswith("spec.gitAuth.githubApp: cannot reach http://127.0.0.1:9")
+    assert "spec.gitAuth.accessToken" in message and "PRIVATE KEY" not in message
 
 
 def git(cwd, *args):

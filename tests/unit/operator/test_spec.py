@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata_operator.spec import SpecInvalid, StackSpec, not_applicable_fields, parse_program, parse_stack_spec
+from strata_operator.spec import (ProgramBody, SpecInvalid, StackSpec, backend_in_workspace_volume,
+                                  not_applicable_fields, parse_duration, parse_program, parse_stack_spec,
+                                  unused_sources)
 
 CRDS = Path(__file__).resolve().parents[3] / "operator" / "strata_operator" / "crds"
 GIT = {"stack": "dev", "projectRepo": "https://example.com/repo.git", "commit": "a" * 40}
@@ -27,21 +29,25 @@ BAD_SPECS = [
     ("stack name with spaces", with_(stack="my stack"), "spec.stack"),
     ("stack with four parts", with_(stack="a/b/c/d"), "spec.stack"),
     ("no source", {"stack": "dev"}, "spec"),
-    ("two sources", with_(programRef={"name": "p"}), "spec"),
-    ("three sources", with_(programRef={"name": "p"}, fluxSource={"sourceRef": {
-        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "r"}}), "spec"),
     ("commit and branch", with_(branch="main"), "spec.commit"),
     ("neither commit nor branch", with_(commit=None), "spec.branch"),
     ("commit not a sha", with_(commit="main"), "spec.commit"),
     ("repo not a url", with_(projectRepo="not a url"), "spec.projectRepo"),
-    ("absolute repoDir", with_(repoDir="/etc"), "spec.repoDir"),
     ("escaping repoDir", with_(repoDir="../x"), "spec.repoDir"),
+    ("escaping repoDir behind a leading /", with_(repoDir="/../x"), "spec.repoDir"),
     ("branch without repo", {"stack": "dev", "programRef": {"name": "p"}, "branch": "main"}, "spec.branch"),
     ("gitAuth without repo", {"stack": "dev", "programRef": {"name": "p"}, "gitAuth": {"accessToken": SECRET}},
      "spec.gitAuth"),
     ("two git auth modes", with_(gitAuth={"accessToken": SECRET, "basicAuth": {"userName": SECRET, "password": SECRET}}),
      "spec.gitAuth"),
     ("empty gitAuth", with_(gitAuth={}), "spec.gitAuth"),
+    ("githubApp and accessToken", with_(gitAuth={"accessToken": SECRET, "githubApp": {
+        "appID": SECRET, "installationID": SECRET, "privateKey": SECRET}}), "spec.gitAuth"),
+    ("githubApp without privateKey", with_(gitAuth={"githubApp": {"appID": SECRET, "installationID": SECRET}}),
+     "spec.gitAuth.githubApp.privateKey"),
+    ("githubApp key ref missing its selector", with_(gitAuth={"githubApp": {
+        "appID": SECRET, "installationID": SECRET, "privateKey": {"type": "Secret"}}}),
+     "spec.gitAuth.githubApp.privateKey.secret"),
     ("gitAuth and gitAuthSecret", with_(gitAuth={"accessToken": SECRET}, gitAuthSecret="s"), "spec.gitAuthSecret"),
     ("basicAuth without password", with_(gitAuth={"basicAuth": {"userName": SECRET}}), "spec.gitAuth.basicAuth.password"),
     ("ref type unknown", with_(envRefs={"TOKEN": {"type": "Vault"}}), "spec.envRefs.TOKEN.type"),
@@ -59,8 +65,8 @@ BAD_SPECS = [
     ("bad config key", with_(config={"a b": "x"}), "spec.config.a b"),
     ("config key also secret", with_(config={"pw": "x"}, secretsRef={"pw": {"type": "Literal", "literal": {"value": "y"}}}),
      "spec.secretsRef.pw"),
-    ("flux kind unknown", {"stack": "dev", "fluxSource": {"sourceRef": {
-        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "HelmChart", "name": "r"}}}, "spec.fluxSource.sourceRef.kind"),
+    ("flux kind not a kind", {"stack": "dev", "fluxSource": {"sourceRef": {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "helm chart", "name": "r"}}}, "spec.fluxSource.sourceRef.kind"),
     ("flux api not flux", {"stack": "dev", "fluxSource": {"sourceRef": {
         "apiVersion": "apps/v1", "kind": "GitRepository", "name": "r"}}}, "spec.fluxSource.sourceRef.apiVersion"),
     ("flux without sourceRef", {"stack": "dev", "fluxSource": {"dir": "x"}}, "spec.fluxSource.sourceRef"),
@@ -69,6 +75,7 @@ BAD_SPECS = [
     ("programRef bad name", {"stack": "dev", "programRef": {"name": "Not_A_Name"}}, "spec.programRef.name"),
     ("programRef without name", {"stack": "dev", "programRef": {}}, "spec.programRef.name"),
     ("target not a URN", with_(targets=["bucket"]), "spec.targets[0]"),
+    ("runProgram without destroyOnFinalize", with_(runProgram=True), "spec.runProgram"),
     ("targetDependents without targets", with_(targetDependents=True), "spec.targetDependents"),
     ("prerequisite bad duration", with_(prerequisites=[{"name": "a", "requirement": {"succeededWithinDuration": "1 hour"}}]),
      "spec.prerequisites[0].requirement.succeededWithinDuration"),
@@ -140,4 +147,88 @@ def test_crd_spec_fields_match_the_model():
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns[:3] == ["Ready", "Reason", "Last commit"] and "Age" in columns
     rules = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]
-    assert any("exactly one source" in r["message"] for r in rules)
+    assert [r["message"] for r in rules] == ["a git source needs exactly one of .spec.commit and .spec.branch"]
+
+
+def test_crd_serves_v1alpha1_as_deprecated_v1():
+    crd = yaml.safe_load((CRDS / "pulumi.com_stacks.yaml").read_text())
+    v1, v1alpha1 = crd["spec"]["versions"]
+    assert (v1["name"], v1["storage"], v1alpha1["name"], v1alpha1["storage"]) == ("v1", True, "v1alpha1", False)
+    assert v1alpha1["served"] and v1alpha1["deprecated"] and "deprecated" in v1alpha1["deprecationWarning"]
+    assert v1alpha1["schema"] == v1["schema"] and v1alpha1["subresources"] == v1["subresources"]
+
+
+def test_crd_program_fields_match_the_model():
+    crd = yaml.safe_load((CRDS / "pulumi.com_programs.yaml").read_text())
+    version = crd["spec"]["versions"][0]
+    crd_fields = set(version["schema"]["openAPIV3Schema"]["properties"]["program"]["properties"])
+    assert crd_fields == set(ProgramBody.model_fields)
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"observedGeneration", "artifact"} <= set(status)
+
+
+def test_several_sources_use_pkos_order_and_list_the_rest():
+    flux = {"sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "r"}}
+    every = parse_stack_spec(with_(programRef={"name": "p"}, fluxSource=flux), namespace="team")
+    assert every.source_kind == "git" and unused_sources(every) == ["fluxSource", "programRef"]
+    flux_and_program = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "fluxSource": flux}, "team")
+    assert flux_and_program.source_kind == "flux" and unused_sources(flux_and_program) == ["programRef"]
+    assert unused_sources(parse_stack_spec(GIT, "team")) == []
+
+
+def test_no_source_is_invalid_naming_the_fields_that_give_one():
+    with pytest.raises(SpecInvalid) as caught:
+        parse_stack_spec({"stack": "dev", "workspaceTemplate": {"spec": {"local": {"dir": "/app"}}}}, "team")
+    assert caught.value.fields == ["spec"] and caught.value.reason == "SpecInvalid"
+    assert "spec.projectRepo, spec.fluxSource, spec.programRef" in str(caught.value)
+    assert "workspaceTemplate" in str(caught.value)
+
+
+def test_pko_relaxations_are_accepted():
+    spec = parse_stack_spec(with_(repoDir="/kubernetes-ts-nginx", targets=["**", "urn:pulumi:dev::p::*"],
+                                  prerequisites=[{"name": "a", "requirement": {"succeededWithinDuration": "0"}}],
+                                  destroyOnFinalize=True, runProgram=True), "team")
+    assert spec.repo_dir == "kubernetes-ts-nginx"  # PKO reads it relative to the checkout
+    flux = parse_stack_spec({"stack": "dev", "fluxSource": {"dir": "/infra", "sourceRef": {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "r"}}}, "team")
+    assert flux.flux_source.dir == "infra"
+    assert spec.targets == ["**", "urn:pulumi:dev::p::*"] and spec.run_program
+    assert parse_duration("0") == 0.0
+    helm = parse_stack_spec({"stack": "dev", "fluxSource": {"sourceRef": {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "HelmChart", "name": "c"}}}, "team")
+    watched = parse_stack_spec({"stack": "dev", "fluxSource": {"sourceRef": {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "OCIRepository", "name": "c"}}}, "team")
+    assert helm.polled and not watched.polled  # no watch on HelmCharts: polled every resync period
+    assert parse_stack_spec(with_(commit=None, branch="main"), "team").polled
+    assert not parse_stack_spec(GIT, "team").polled
+
+
+def test_github_app_is_one_auth_mode_of_three_refs():
+    spec = parse_stack_spec(with_(gitAuth={"githubApp": {"appID": {"type": "Literal", "literal": {"value": "1"}},
+                                                          "installationID": SECRET, "privateKey": SECRET}}), "team")
+    assert spec.git_auth.modes == ["githubApp"] and spec.git_auth.github_app.private_key.secret.name == "creds"
+
+
+def test_a_cross_namespace_ref_stalls_with_pkos_reason():
+    cross = {"type": "Secret", "secret": {"name": "s", "key": "k", "namespace": "other"}}
+    with pytest.raises(SpecInvalid) as caught:
+        parse_stack_spec(with_(envRefs={"X": cross}), namespace="team")
+    assert caught.value.reason == "CrossNamespaceRefForbidden"
+    with pytest.raises(SpecInvalid) as caught:
+        parse_stack_spec(with_(stack="a b"), namespace="team")
+    assert caught.value.reason == "SpecInvalid"
+
+
+def test_a_file_backend_inside_a_pko_workspace_volume_is_named():
+    template = {"spec": {"podTemplate": {"spec": {"containers": [
+        {"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"}]}]}}}}
+    spec = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "workspaceTemplate": template,
+                             "envRefs": {"PULUMI_BACKEND_URL": {"type": "Literal",
+                                                                "literal": {"value": "file:///state/"}}}}, "team")
+    issue = backend_in_workspace_volume(spec, "file:///state/")
+    assert issue.path == "spec.envRefs.PULUMI_BACKEND_URL" and "'state'" in issue.problem and "/state" in issue.problem
+    assert backend_in_workspace_volume(spec, "file:///state/sub") is not None
+    assert backend_in_workspace_volume(spec, "file:///stateful") is None
+    assert backend_in_workspace_volume(spec, "s3://bucket") is None
+    without_template = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}}, "team")
+    assert backend_in_workspace_volume(without_template, "file:///state/") is None

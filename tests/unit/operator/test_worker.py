@@ -123,7 +123,8 @@ def test_a_missing_plugin_blocks_with_the_command_that_installs_it(tmp_path):
     assert (f"PULUMI_HOME={tmp_path / 'pulumi'} pulumi plugin install resource flux 1.0.1 "
             "--server github://api.github.com/oun") in result["message"]
     unrelated = PythonEnvError("installing requirements.txt failed: no matching distribution for nosuch")
-    assert failure_result(unrelated, _request(tmp_path))["outcome"] == "failed"
+    assert failure_result(unrelated, _request(tmp_path)) == {
+        "outcome": "failed", "reason": "WorkspaceFailed", "message": str(unrelated)}
 
 
 def test_an_uncreatable_backend_directory_blocks_naming_it_and_why(tmp_path):
@@ -142,3 +143,15 @@ def test_a_missing_backend_directory_is_created_private(tmp_path):
     _ensure_file_backend(root)
     assert root.is_dir() and root.stat().st_mode & 0o777 == 0o700
     _ensure_file_backend(root)  # there already: nothing to do
+
+
+def test_a_cli_too_old_for_a_flag_blocks_as_pulumi_version_too_low(tmp_path):
+    from pulumi.automation._cmd import CommandResult
+    from pulumi.automation.errors import CommandError
+
+    err = CommandError(CommandResult(stdout="", stderr="Error: unknown flag: --run-program\n", code=255))
+    result = failure_result(err, _request(tmp_path))
+    assert (result["outcome"], result["reason"]) == ("blocked", "PulumiVersionTooLow")
+    assert result["message"].startswith("the operator's pulumi CLI does not know --run-program")
+    plain = CommandError(CommandResult(stdout="", stderr="error: resource failed\n", code=255))
+    assert "reason" not in failure_result(plain, _request(tmp_path))
