@@ -142,3 +142,22 @@ def test_a_missing_backend_directory_is_created_private(tmp_path):
     _ensure_file_backend(root)
     assert root.is_dir() and root.stat().st_mode & 0o777 == 0o700
     _ensure_file_backend(root)  # there already: nothing to do
+
+
+def test_the_update_log_is_redacted_private_and_replaced_by_the_next_run(tmp_path):
+    from strata_operator.redaction import Redactor
+    from strata_operator.worker import write_update_log
+
+    redactor = Redactor()
+    redactor.add("hunter2-canary")
+    path = tmp_path / "last-update.json"
+    request = {"operation": "up", "stack_name": "org/app/dev"}
+    write_update_log(path, request, {"outcome": "failed", "message": "bad [secret]"},
+                     "error: token hunter2-canary refused\n", redactor)
+    record = json.loads(path.read_text())
+    assert (record["operation"], record["stack"], record["outcome"], record["message"]) == \
+        ("up", "org/app/dev", "failed", "bad [secret]")
+    assert record["output"] == "error: token [secret] refused\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    write_update_log(path, {**request, "operation": "destroy"}, {"outcome": "succeeded"}, "gone\n", redactor)
+    assert json.loads(path.read_text())["output"] == "gone\n" and not path.with_suffix(".partial").exists()
