@@ -87,8 +87,8 @@ def _reconcile_stack(args: argparse.Namespace) -> int:
 
 
 def _logs_stack(args: argparse.Namespace) -> int:
-    return stackctl.stack_logs(_cluster(args), args.namespace, args.name,
-                               args.operator_state_dir or stackctl.default_operator_state_dir(), args.output)
+    state_dirs = [args.operator_state_dir] if args.operator_state_dir else stackctl.operator_state_dirs()
+    return stackctl.stack_logs(_cluster(args), args.namespace, args.name, state_dirs, args.output)
 
 
 def _stack_options() -> argparse.ArgumentParser:
@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        help="the last update's engine output, redacted, as the operator kept it")
     logs_stack.add_argument("name", help="the Stack's name")
     logs_stack.add_argument("--operator-state-dir", type=Path, default=argparse.SUPPRESS,
-                            help="the operator's --state-dir (default: $STRATA_OPERATOR_STATE, else the dev "
-                                 "home's platform/operator)")
+                            help="the operator's --state-dir (default: the first holding the log of "
+                                 "$STRATA_OPERATOR_STATE, the dev home's platform/operator, ~/.cache/strata/operator)")
     logs_stack.set_defaults(handler=_logs_stack)
 
     operator = commands.add_parser("operator", help="the Strata operator")

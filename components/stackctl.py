@@ -168,13 +168,16 @@ def update_log_path(operator_state_dir: Path, namespace: str, name: str) -> Path
     return operator_state_dir / "stacks" / namespace / name / UPDATE_LOG
 
 
-def default_operator_state_dir() -> Path:
-    """The operator's --state-dir when `make up` or `strata local` started it: $STRATA_OPERATOR_STATE,
-    else the dev home's platform directory's `operator` (see the README's home table)."""
+def operator_state_dirs() -> list[Path]:
+    """Where an operator on this host keeps its state, most specific first: $STRATA_OPERATOR_STATE
+    (the operator reads it too), the dev home's `platform/operator` (`make up`, the Operator
+    component's local mode), then the operator's own default (`strata operator run` without --state-dir)."""
     from .local.devstack import dev_home
 
     explicit = os.environ.get("STRATA_OPERATOR_STATE")
-    return Path(explicit) if explicit else dev_home().platform_dir / "operator"
+    candidates = [Path(explicit)] if explicit else []
+    candidates += [dev_home().platform_dir / "operator", Path.home() / ".cache" / "strata" / "operator"]
+    return list(dict.fromkeys(candidates))
 
 
 # -- the API server -------------------------------------------------------------------------------
@@ -314,23 +317,25 @@ def reconcile_stack(cluster: Cluster, namespace: str | None, name: str, timeout:
     return 0
 
 
-def stack_logs(cluster: Cluster, namespace: str | None, name: str, operator_state_dir: Path, output: str) -> int:
-    """The last engine run's output, as the operator's worker left it (already redacted)."""
+def stack_logs(cluster: Cluster, namespace: str | None, name: str, state_dirs: list[Path], output: str) -> int:
+    """The last engine run's output, as the operator's worker left it (already redacted), from the first
+    of `state_dirs` that holds one for this Stack."""
     namespace = namespace or cluster.namespace
     cluster.get_stack(namespace, name)
-    path = update_log_path(operator_state_dir, namespace, name)
+    paths = [update_log_path(directory, namespace, name) for directory in state_dirs]
+    path = next((candidate for candidate in paths if candidate.is_file()), None)
+    if path is None:
+        raise StackCtlError(f"no engine output for Stack {namespace}/{name} in {', '.join(map(str, paths))}: "
+                            "the operator keeps the last run's output in its --state-dir, on its own host, once "
+                            "a run has finished; pass that directory as --operator-state-dir")
     try:
         record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise StackCtlError(f"no engine output for Stack {namespace}/{name} at {path}: the operator keeps the "
-                            "last run's output in its --state-dir, on its own host, once a run has finished; "
-                            "pass --operator-state-dir (for `make up`: <home>/platform/operator)") from None
     except (OSError, ValueError) as err:
         raise StackCtlError(f"cannot read {path}: {err}") from None
     if output == "json":
         _print_json({"namespace": namespace, "name": name, **record})
         return 0
     _say(f"{record['operation']} of {record['stack']} {record['outcome']} at {record['finished']}")
-    sys.stdout.write(record["output"] if record["output"].endswith("\n") or not record["output"]
-                     else record["output"] + "\n")
+    text = record["output"]
+    sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
     return 0

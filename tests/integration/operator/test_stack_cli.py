@@ -65,6 +65,9 @@ def test_get_reconcile_and_logs_of_stacks(stacks, operator, local_platform, tmp_
                   kubeconfig=kubeconfig)
     assert logs.returncode == 0, logs.stderr
     assert "Resources:" in logs.stdout and "up of good succeeded" in logs.stderr
+    found = strata("logs", "stack", "good", "-n", ns, kubeconfig=kubeconfig,
+                   env={"STRATA_OPERATOR_STATE": str(operator.state_dir)})
+    assert found.returncode == 0 and found.stdout == logs.stdout, found.stderr
     broken_log = json.loads(strata("logs", "stack", "broken", "-n", ns, "-o", "json", "--operator-state-dir",
                                    str(operator.state_dir), kubeconfig=kubeconfig).stdout)
     assert broken_log["outcome"] == "failed" and "region" in broken_log["output"]

@@ -122,7 +122,9 @@ def test_reconcile_fails_when_the_run_for_this_request_failed_and_waits_for_a_re
 def test_the_update_log_sits_in_the_stacks_directory_of_the_operator_state(monkeypatch, tmp_path):
     assert stackctl.update_log_path(Path("/s"), "apps", "web") == Path("/s/stacks/apps/web/last-update.json")
     monkeypatch.delenv("STRATA_OPERATOR_STATE", raising=False)
-    monkeypatch.setenv("STRATA_HOME", str(tmp_path))
-    assert stackctl.default_operator_state_dir() == tmp_path / "platform" / "operator"
+    monkeypatch.setenv("STRATA_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert stackctl.operator_state_dirs() == [tmp_path / "home" / "platform" / "operator",
+                                              tmp_path / "user" / ".cache" / "strata" / "operator"]
     monkeypatch.setenv("STRATA_OPERATOR_STATE", "/elsewhere")
-    assert stackctl.default_operator_state_dir() == Path("/elsewhere")
+    assert stackctl.operator_state_dirs()[0] == Path("/elsewhere")
