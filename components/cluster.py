@@ -7,8 +7,8 @@ only in their own code paths: they are optional extras of several hundred MB eac
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Any, TypedDict
 
 import pulumi
@@ -17,7 +17,6 @@ import pulumi_kubernetes as k8s
 from typing_extensions import NotRequired
 
 from .kubeconfig import build_exec_kubeconfig, kubeconfig_cluster
-
 
 
 class ClusterMode(str, Enum):
@@ -37,8 +36,8 @@ MODES: tuple[str, ...] = tuple(mode.value for mode in ClusterMode)
 
 
 def mode_value(mode: Any) -> Any:
-    """A mode as its plain string: the component provider passes enum members, Python callers strings
-    (an enum member hashes by its name, so it would miss the `local`/`existing`/... keys)."""
+    """A mode as its plain string: the component provider passes enum members, Python callers strings,
+    and messages should read `'local'`, not `<ClusterMode.LOCAL: 'local'>`."""
     return mode.value if isinstance(mode, Enum) else mode
 
 

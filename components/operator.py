@@ -8,8 +8,8 @@ from the `strata_operator` package (crds/*.yaml, rbac/*.yaml), never from copies
 
 import importlib.resources
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Any, TypedDict
 
 import pulumi

@@ -4,6 +4,8 @@
 infers the schema from the components' `XArgs(TypedDict)` and typed outputs and generates an SDK.
 `Stack` and `Program` are Kubernetes custom resources in Python; a package can only serve
 components, so here each is a component holding that custom resource, with the provider as an arg.
+The components' modules keep real annotations (no `from __future__ import annotations`): the
+inference reads them at runtime (tests/unit/components/test_package.py fails otherwise).
 """
 
 from importlib.metadata import version
