@@ -29,10 +29,9 @@ teams = config.get_object("teams") or []
 
 cluster_config = cluster_args(config.get_object("cluster") or {})
 cluster = Cluster("strata", cluster_config)
-local_platform = cluster.local_platform
 flux_settings = config.get_object("flux") or {}
 flux = Flux("flux", flux_args(flux_settings, cluster.provider, cluster_config,
-                              bundle_url=local_platform.flux_bundle_url if local_platform else None))
+                              bundle_url=cluster.flux_bundle_url))
 operator_config = operator_args(config.get_object("operator") or {}, cluster.provider, cluster_config,
                                 server=cluster.server,
                                 # The interpreter running this program is the project's virtualenv; the
@@ -47,7 +46,7 @@ project_repo: pulumi.Input[str] | None = None
 substitute: dict[str, pulumi.Input[str]] = {}
 if platform_settings:
     published = None
-    repo_args = project_repo_args(platform_settings, cluster_config, local_platform.git_url if local_platform else None,
+    repo_args = project_repo_args(platform_settings, cluster_config, cluster.git_url,
                                   program_dir=str(Path(__file__).resolve().parent))
     if repo_args is not None:
         # The operator runs programs/platform from git: publish this project to the platform's git server.

@@ -1,5 +1,6 @@
-"""The `strata` command: the local platform (`strata local ...`), the dev stack (`strata dev ...`) and
-the operator (`strata operator run`).
+"""The `strata` command: the local platform (`strata local ...`), the dev stack (`strata dev ...`), the
+operator (`strata operator run`) and its Stacks (`strata get stacks`, `strata reconcile stack NAME`,
+`strata logs stack NAME`, in the manner of `flux get|reconcile|logs`).
 
 Every action is a subcommand with its own options, and a group's options are accepted before or
 after the action alike (`strata local --state-dir X up` and `strata local up --state-dir X`).
@@ -13,6 +14,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import stackctl
 from .local import devstack, toolchain
 from .local.images import ImageError
 from .local.platform import HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
@@ -91,6 +93,37 @@ def _operator_run(args: argparse.Namespace) -> int:
     return run(args.rest)
 
 
+def _cluster(args: argparse.Namespace) -> stackctl.Cluster:
+    return stackctl.Cluster.connect(args.kubeconfig, args.context, args.namespace)
+
+
+def _get_stacks(args: argparse.Namespace) -> int:
+    return stackctl.get_stacks(_cluster(args), args.all_namespaces, args.namespace, args.output)
+
+
+def _reconcile_stack(args: argparse.Namespace) -> int:
+    timeout = stackctl.parse_duration(args.timeout)  # a typo fails before anything is annotated
+    return stackctl.reconcile_stack(_cluster(args), args.namespace, args.name, timeout, args.output)
+
+
+def _logs_stack(args: argparse.Namespace) -> int:
+    state_dirs = [args.operator_state_dir] if args.operator_state_dir else stackctl.operator_state_dirs()
+    return stackctl.stack_logs(_cluster(args), args.namespace, args.name, state_dirs, args.output)
+
+
+def _stack_options() -> argparse.ArgumentParser:
+    """What kubectl and flux take for every command that talks to a cluster."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument("--kubeconfig", default=argparse.SUPPRESS,
+                         help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    options.add_argument("--context", default=argparse.SUPPRESS, help="kubeconfig context (default: current)")
+    options.add_argument("-n", "--namespace", default=argparse.SUPPRESS,
+                         help="namespace (default: the context's, else default)")
+    options.add_argument("-o", "--output", choices=("table", "json"), default=argparse.SUPPRESS,
+                         help="table (default) or json")
+    return options
+
+
 def _local_options() -> argparse.ArgumentParser:
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument("--state-dir", type=Path, default=argparse.SUPPRESS,
@@ -116,6 +149,8 @@ def _dev_options() -> argparse.ArgumentParser:
 
 LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(HOST_CONTROLLERS), "apiserver_port": None}
 DEV_DEFAULTS = {"project": None, "home": None}
+STACK_DEFAULTS = {"kubeconfig": None, "context": None, "namespace": None, "output": "table",
+                  "all_namespaces": False, "timeout": "5m", "operator_state_dir": None}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +198,37 @@ def build_parser() -> argparse.ArgumentParser:
                              help="the local platform whose real nodes get the image (default: %(default)s)")
     image_build.set_defaults(handler=_image_build)
 
+    stack_options = _stack_options()
+    get_options = argparse.ArgumentParser(add_help=False, parents=[stack_options])
+    get_options.add_argument("-A", "--all-namespaces", action="store_true", default=argparse.SUPPRESS,
+                             help="objects of every namespace")
+    get = commands.add_parser("get", parents=[get_options], help="list objects with their status")
+    get_kinds = get.add_subparsers(dest="action", required=True)
+    get_kinds.add_parser("stacks", aliases=["stack"], parents=[get_options],
+                         help="Stacks: ready, reason, last update, commit, age, message").set_defaults(
+        handler=_get_stacks)
+
+    reconcile = commands.add_parser("reconcile", parents=[stack_options],
+                                    help="run an object now and wait for the result")
+    reconcile_kinds = reconcile.add_subparsers(dest="action", required=True)
+    reconcile_stack = reconcile_kinds.add_parser(
+        "stack", parents=[stack_options],
+        help=f"set {stackctl.RECONCILE_REQUEST} and wait until the operator has answered it")
+    reconcile_stack.add_argument("name", help="the Stack's name")
+    reconcile_stack.add_argument("--timeout", default=argparse.SUPPRESS,
+                                 help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
+    reconcile_stack.set_defaults(handler=_reconcile_stack)
+
+    logs = commands.add_parser("logs", parents=[stack_options], help="an object's last engine output")
+    logs_kinds = logs.add_subparsers(dest="action", required=True)
+    logs_stack = logs_kinds.add_parser("stack", parents=[stack_options],
+                                       help="the last update's engine output, redacted, as the operator kept it")
+    logs_stack.add_argument("name", help="the Stack's name")
+    logs_stack.add_argument("--operator-state-dir", type=Path, default=argparse.SUPPRESS,
+                            help="the operator's --state-dir (default: the first holding the log of "
+                                 "$STRATA_OPERATOR_STATE, the dev home's platform/operator, ~/.cache/strata/operator)")
+    logs_stack.set_defaults(handler=_logs_stack)
+
     operator = commands.add_parser("operator", help="the Strata operator")
     operator_actions = operator.add_subparsers(dest="action", required=True)
     # Its options are the operator's own (`strata operator run --help` shows them).
@@ -178,7 +244,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     # Group options are shared by the group and its actions, so their defaults are filled in here.
-    defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS}.get(args.command, {})
+    defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS, "get": STACK_DEFAULTS, "reconcile": STACK_DEFAULTS,
+                "logs": STACK_DEFAULTS}.get(args.command, {})
     for key, value in defaults.items():
         if not hasattr(args, key):
             setattr(args, key, value)
@@ -193,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         return args.handler(args)
-    except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError, ImageError) as error:
+    except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError, ImageError,
+            stackctl.StackCtlError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -5,12 +5,11 @@ Modes: `local` (the local platform, started and stopped by a Python dynamic prov
 only in their own code paths: they are optional extras of several hundred MB each.
 """
 
-from __future__ import annotations
-
 import json
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import pulumi
 import pulumi.dynamic
@@ -19,8 +18,27 @@ from typing_extensions import NotRequired
 
 from .kubeconfig import build_exec_kubeconfig, kubeconfig_cluster
 
-ClusterMode = Literal["local", "existing", "gke", "eks"]
-MODES: tuple[str, ...] = ("local", "existing", "gke", "eks")
+
+class ClusterMode(str, Enum):
+    """Where the cluster comes from. Plain strings ("local", ...) are accepted wherever a mode is."""
+
+    LOCAL = "local"
+    """The local platform: a control plane on loopback with kwok nodes."""
+    EXISTING = "existing"
+    """A cluster you already have, through its kubeconfig."""
+    GKE = "gke"
+    """A new GKE cluster (needs the `gke` extra)."""
+    EKS = "eks"
+    """A new EKS cluster (needs the `eks` extra)."""
+
+
+MODES: tuple[str, ...] = tuple(mode.value for mode in ClusterMode)
+
+
+def mode_value(mode: Any) -> Any:
+    """A mode as its plain string: the component provider passes enum members, Python callers strings,
+    and messages should read `'local'`, not `<ClusterMode.LOCAL: 'local'>`."""
+    return mode.value if isinstance(mode, Enum) else mode
 
 
 class LocalClusterArgs(TypedDict):
@@ -91,7 +109,7 @@ DEFAULT_HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
 
 def validate_cluster_args(args: ClusterArgs) -> None:
     """Reject bad input up front, naming the field and the fix."""
-    mode = args.get("mode")
+    mode = mode_value(args.get("mode"))
     if mode not in MODES:
         raise ValueError(f"cluster mode {mode!r} is not supported; set mode to one of {', '.join(MODES)}")
     if mode not in args:
@@ -220,19 +238,22 @@ class Cluster(pulumi.ComponentResource):
     """Cluster name."""
     server: pulumi.Output[str]
     """API server URL."""
-    local_platform: LocalPlatformResource | None
-    """Mode `local`: the platform resource (state directory, git server and Flux bundle URLs); else None."""
+    flux_bundle_url: pulumi.Output[str] | None
+    """Mode `local`: the `baseurl` of the offline Flux install bundle the platform serves; else None."""
+    git_url: pulumi.Output[str] | None
+    """Mode `local`: base URL of the platform's git server (a repository is `<git_url>/<name>.git`); else None."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("strata:index:Cluster", name, {}, opts)
         validate_cluster_args(args)
-        mode = args["mode"]
+        mode = mode_value(args["mode"])
         child = pulumi.ResourceOptions(parent=self)
         provider_settings: dict[str, Any] = {}
-        self.local_platform = None
+        self.flux_bundle_url = self.git_url = None
         if mode == "local":
-            self.local_platform = LocalPlatformResource(f"{name}-platform", args["local"], child)
-            kubeconfig, cluster_name = self.local_platform.kubeconfig, pulumi.Output.from_input(name)
+            platform = LocalPlatformResource(f"{name}-platform", args["local"], child)
+            self.flux_bundle_url, self.git_url = platform.flux_bundle_url, platform.git_url
+            kubeconfig, cluster_name = platform.kubeconfig, pulumi.Output.from_input(name)
             # The platform pre-installs flux-system and the Flux CRDs its host controllers need, so
             # the Flux install must adopt them instead of failing with AlreadyExists.
             provider_settings["upsert_existing_objects"] = True
@@ -253,7 +274,10 @@ class Cluster(pulumi.ComponentResource):
         self.name = cluster_name
         self.server = pulumi.Output.unsecret(self.kubeconfig.apply(lambda text: kubeconfig_cluster(text)[0]))
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child, **provider_settings)
-        self.register_outputs({"kubeconfig": self.kubeconfig, "name": self.name, "server": self.server})
+        outputs = {"kubeconfig": self.kubeconfig, "name": self.name, "server": self.server}
+        if self.git_url is not None:
+            outputs.update(flux_bundle_url=self.flux_bundle_url, git_url=self.git_url)
+        self.register_outputs(outputs)
 
     def _gke(self, name: str, args: GkeClusterArgs, child: pulumi.ResourceOptions):
         import pulumi_gcp as gcp

@@ -10,8 +10,6 @@ and pulumi-kubernetes waits for one (10 minutes, then fails the install). The ho
 advertise their loopback addresses instead (source-controller's `--storage-adv-addr`).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence

@@ -6,12 +6,11 @@ same ServiceAccount, so the RBAC it runs under is the RBAC that ships. CRDs and 
 from the `strata_operator` package (crds/*.yaml, rbac/*.yaml), never from copies.
 """
 
-from __future__ import annotations
-
 import importlib.resources
 from collections.abc import Mapping, Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import pulumi
 import pulumi.dynamic
@@ -28,6 +27,15 @@ PROCESS_NAME = "strata-operator"
 LABELS = {"app.kubernetes.io/name": "strata-operator", "app.kubernetes.io/part-of": "strata"}
 
 
+class OperatorMode(str, Enum):
+    """How the operator runs. Plain strings ("local", "in-cluster") are accepted wherever a mode is."""
+
+    IN_CLUSTER = "in-cluster"
+    """A Deployment in the cluster (needs `image`)."""
+    LOCAL = "local"
+    """A host process of the local platform (needs `local`)."""
+
+
 class OperatorLocalArgs(TypedDict):
     state_dir: str
     """State directory of the local platform that supervises the operator process."""
@@ -41,7 +49,7 @@ class OperatorLocalArgs(TypedDict):
 class OperatorArgs(TypedDict):
     provider: k8s.Provider
     """Provider of the cluster the operator manages."""
-    mode: Literal["in-cluster", "local"]
+    mode: OperatorMode
     """Run as a Deployment, or as a host process of the local platform."""
     namespace: NotRequired[str]
     """Namespace of the operator (default strata-system)."""

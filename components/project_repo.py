@@ -31,7 +31,7 @@ class ProjectRepoArgs(TypedDict):
     state_dir: str
     """State directory of the local platform whose git server receives the files."""
     git_url: pulumi.Input[str]
-    """Base URL of that git server (the Cluster's `local_platform.git_url`); orders this after the platform."""
+    """Base URL of that git server (the Cluster's `git_url`); orders this after the platform."""
     source_dir: str
     """Root of the project the files are taken from."""
     include: NotRequired[Sequence[str]]

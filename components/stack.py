@@ -5,10 +5,9 @@ in snake_case here and rendered in the CRD's camelCase by the pure `build_*` fun
 (config keys, environment variable names, YAML resource names) are passed through unchanged.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypedDict
+from enum import Enum
+from typing import Any, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -24,8 +23,21 @@ class SecretKeyRef(TypedDict):
     """Key inside the Secret."""
 
 
+class ResourceRefType(str, Enum):
+    """Where a ResourceRef's value comes from. Plain strings ("Secret", ...) are accepted too."""
+
+    LITERAL = "Literal"
+    """The value itself, under `literal`."""
+    SECRET = "Secret"
+    """A key of a Secret in the Stack's namespace, under `secret`."""
+    ENV = "Env"
+    """A variable of the operator's environment, under `env`."""
+    FS = "FS"
+    """A file on the operator's filesystem, under `filesystem`."""
+
+
 class ResourceRef(TypedDict):
-    type: Literal["Literal", "Secret", "Env", "FS"]
+    type: ResourceRefType
     """Where the value comes from."""
     literal: NotRequired[Mapping[str, str]]
     """For type Literal: {"value": ...}."""
@@ -152,8 +164,8 @@ class StackSpec(TypedDict):
 
 
 class StackArgs(TypedDict):
-    namespace: str
-    """Namespace of the Stack object."""
+    namespace: pulumi.Input[str]
+    """Namespace of the Stack object (an input: e.g. a TeamEnvironment's `namespace`)."""
     spec: StackSpec
     """What to run and how."""
     name: NotRequired[str]
@@ -174,8 +186,8 @@ class ProgramBody(TypedDict):
 
 
 class ProgramArgs(TypedDict):
-    namespace: str
-    """Namespace of the Program object."""
+    namespace: pulumi.Input[str]
+    """Namespace of the Program object (an input: e.g. a TeamEnvironment's `namespace`)."""
     program: ProgramBody
     """The Pulumi YAML program."""
     name: NotRequired[str]
@@ -192,6 +204,8 @@ def _camel(key: str) -> str:
 
 
 def _camelize(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
     if isinstance(value, Mapping):
         return {_camel(key): _camelize(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):

@@ -7,8 +7,6 @@ kubeconfig carries the token of a `kubernetes.io/service-account-token` Secret, 
 controller fills (pulumi-kubernetes waits for that) and revokes when the Secret is deleted.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Sequence
 from typing import Any, TypedDict

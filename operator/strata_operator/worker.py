@@ -18,7 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -235,7 +235,8 @@ def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> d
         event_log.unlink(missing_ok=True)
     if outputs is None:
         outputs = _cli_outputs(command, workdir, name)
-    return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": outputs}
+    return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": outputs,
+            "engine_output": result.stdout + result.stderr}
 
 
 class UpdateBlocked(Exception):
@@ -387,7 +388,8 @@ def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any
     else:
         destroyed = stack.destroy(target=targets, message=message, run_program=request["run_program"] or None)
         stdout, summary = destroyed.stdout, dict(destroyed.summary.resource_changes or {})
-    return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary, "outputs": {}}
+    return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary, "outputs": {},
+            "engine_output": stdout}
 
 
 def _enter(request: dict[str, Any]) -> None:
@@ -439,15 +441,39 @@ def failure_result(err: Exception, request: dict[str, Any]) -> dict[str, Any]:
     return {"outcome": "failed", "message": f"{type(err).__name__}: {err}"}
 
 
+# The operations that run the engine on the stack; `strata logs stack` shows the last one's output.
+LOGGED_OPERATIONS = ("up", "preview", "refresh", "destroy")
+UPDATE_LOG = "last-update.json"
+
+
+def write_update_log(path: Path, request: dict[str, Any], result: dict[str, Any], output: str,
+                     redactor: Redactor) -> None:
+    """The engine output of this run, redacted, for `strata logs stack`: only the operator's user may
+    read it (mode 0600), and each run replaces the previous one's."""
+    record = {"operation": request["operation"], "stack": request["stack_name"], "outcome": result["outcome"],
+              "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "message": result.get("message", ""), "output": redactor.redact(output)}
+    partial = path.with_suffix(".partial")
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
+        json.dump(record, file)
+    partial.replace(path)
+
+
 def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
     """Run one request as this process's only job; every failure comes back as a result, redacted."""
     redactor = request_redactor(request)
     _enter(request)
     try:
         result = _run(request, pulumi_command)
+        output = result.pop("engine_output", "")
     except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
         result = failure_result(err, request)
+        # A CommandError's text is the CLI's stdout and stderr; anything else is its message.
+        output = str(err)
     result["message"] = redactor.redact(result.get("message", ""))
+    if request["operation"] in LOGGED_OPERATIONS:
+        # HOME is the Stack's own directory (engine.worker_env); the log goes beside it.
+        write_update_log(Path(os.environ["HOME"]).parent / UPDATE_LOG, request, result, output, redactor)
     return result
 
 

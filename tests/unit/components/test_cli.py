@@ -39,3 +39,37 @@ def test_an_unknown_option_is_refused_by_name(capsys):
 def test_toolchain_keeps_its_own_options():
     args = cli.parse(["local", "toolchain", "kwok", "--rebuild", "kwok"])
     assert (args.names, args.rebuild) == (["kwok"], ["kwok"])
+
+
+@pytest.mark.parametrize("argv", [["get", "-A", "-o", "json", "stacks"], ["get", "stacks", "-A", "-o", "json"],
+                                  ["get", "stack", "--all-namespaces", "--output", "json"]])
+def test_get_stacks_options_work_before_or_after_the_kind(argv):
+    args = cli.parse(argv)
+    assert (args.handler, args.all_namespaces, args.output, args.namespace) == (cli._get_stacks, True, "json", None)
+
+
+@pytest.mark.parametrize("argv", [["reconcile", "-n", "apps", "--context", "c", "stack", "web"],
+                                  ["reconcile", "stack", "web", "--context", "c", "-n", "apps"]])
+def test_reconcile_stack_takes_kubectl_options_and_defaults_to_five_minutes(argv):
+    args = cli.parse(argv)
+    assert (args.handler, args.name, args.namespace, args.context, args.kubeconfig, args.timeout) == \
+        (cli._reconcile_stack, "web", "apps", "c", None, "5m")
+
+
+def test_logs_stack_takes_the_operator_state_dir():
+    args = cli.parse(["logs", "stack", "web", "--operator-state-dir", "/s", "--kubeconfig", "/k"])
+    assert (args.handler, args.operator_state_dir, args.kubeconfig, args.output) == \
+        (cli._logs_stack, Path("/s"), "/k", "table")
+
+
+def test_a_bad_timeout_fails_before_any_cluster_is_touched(capsys, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")
+    assert cli.main(["reconcile", "stack", "web", "--timeout", "5 minutes"]) == 1
+    assert "--timeout '5 minutes' is not a duration" in capsys.readouterr().err
+
+
+def test_a_missing_kubeconfig_is_one_line_naming_the_fix(capsys, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/config")
+    assert cli.main(["get", "stacks"]) == 1
+    assert capsys.readouterr().err == ("error: no kubeconfig at /nonexistent/config: set KUBECONFIG or pass "
+                                       "--kubeconfig (for the local platform: eval \"$(strata local env)\")\n")

@@ -155,3 +155,22 @@ def test_a_cli_too_old_for_a_flag_blocks_as_pulumi_version_too_low(tmp_path):
     assert result["message"].startswith("the operator's pulumi CLI does not know --run-program")
     plain = CommandError(CommandResult(stdout="", stderr="error: resource failed\n", code=255))
     assert "reason" not in failure_result(plain, _request(tmp_path))
+
+
+def test_the_update_log_is_redacted_private_and_replaced_by_the_next_run(tmp_path):
+    from strata_operator.redaction import Redactor
+    from strata_operator.worker import write_update_log
+
+    redactor = Redactor()
+    redactor.add("hunter2-canary")
+    path = tmp_path / "last-update.json"
+    request = {"operation": "up", "stack_name": "org/app/dev"}
+    write_update_log(path, request, {"outcome": "failed", "message": "bad [secret]"},
+                     "error: token hunter2-canary refused\n", redactor)
+    record = json.loads(path.read_text())
+    assert (record["operation"], record["stack"], record["outcome"], record["message"]) == \
+        ("up", "org/app/dev", "failed", "bad [secret]")
+    assert record["output"] == "error: token [secret] refused\n"
+    assert path.stat().st_mode & 0o777 == 0o600
+    write_update_log(path, {**request, "operation": "destroy"}, {"outcome": "succeeded"}, "gone\n", redactor)
+    assert json.loads(path.read_text())["output"] == "gone\n" and not path.with_suffix(".partial").exists()
