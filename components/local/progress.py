@@ -25,14 +25,17 @@ def format_seconds(seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def step(title: str, say: Say = stderr_say, heartbeat: float = 30.0) -> Iterator[None]:
-    """Announce a step, repeat a 'still ...' line every `heartbeat` seconds, then say how long it took."""
+def step(title: str, say: Say = stderr_say, heartbeat: float = 30.0,
+         detail: Callable[[], str] | None = None) -> Iterator[None]:
+    """Announce a step, repeat a 'still ...' line every `heartbeat` seconds (with `detail()`: how far
+    it got), then say how long it took."""
     started = time.monotonic()
     done = threading.Event()
 
     def beat() -> None:
         while not done.wait(heartbeat):
-            say(f"  ... still {title} ({format_seconds(time.monotonic() - started)})")
+            progress = f": {detail()}" if detail else ""
+            say(f"  ... still {title} ({format_seconds(time.monotonic() - started)}){progress}")
 
     say(f"==> {title}")
     ticker = threading.Thread(target=beat, daemon=True)

@@ -9,6 +9,7 @@ corrupt entry with the command that rebuilds it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -55,7 +56,7 @@ class ToolSpec:
     @property
     def fingerprint(self) -> str:
         """Changes whenever anything about how the tool is built changes."""
-        blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+        blob = json.dumps({**dataclasses.asdict(self), "strip": STRIP_LDFLAGS}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -102,7 +103,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_manifest(entry: Path, spec: ToolSpec, build_seconds: float = 0.0) -> None:
+def _write_manifest(entry: Path, spec: ToolSpec, build_seconds: float = 0.0, phases: dict | None = None) -> None:
     files = {}
     for path in sorted(p for p in entry.rglob("*") if p.is_file() and p.name != MANIFEST):
         stat = path.stat()
@@ -112,7 +113,7 @@ def _write_manifest(entry: Path, spec: ToolSpec, build_seconds: float = 0.0) -> 
             "sha256": _sha256(path),
         }
     manifest = {"tool": spec.name, "version": spec.version, "fingerprint": spec.fingerprint,
-                "build_seconds": round(build_seconds, 1), "files": files}
+                "build_seconds": round(build_seconds, 1), "phases": phases or {}, "files": files}
     (entry / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
@@ -179,6 +180,58 @@ def go_env() -> dict[str, str]:
     return env
 
 
+# No symbol table and no DWARF: nobody debugs these binaries, and DWARF is the slowest part of linking
+# a binary the size of kube-apiserver (the manifest records each link's time).
+STRIP_LDFLAGS = ("-s", "-w")
+_PACKAGE_LINE = re.compile(r"^[\w.~+-]+(/[\w.~+-]+)*$")
+
+
+def default_binary_name(import_path: str) -> str:
+    """The name `go build -o DIR/` gives a main package: its last element, or the one before a /vN."""
+    elements = import_path.split("/")
+    if len(elements) > 1 and re.fullmatch(r"v[2-9]|v[1-9]\d+", elements[-1]):
+        return elements[-2]
+    return elements[-1]
+
+
+def link_seconds(trace: Path) -> dict[str, float]:
+    """Seconds each link took, by package, from a `go build -debug-trace` file ({} if there is none)."""
+    try:
+        events = json.loads(trace.read_text())
+    except (OSError, ValueError):
+        return {}
+    began: dict[tuple[int, str], float] = {}
+    spans: dict[str, float] = {}
+    for event in events:
+        match = re.fullmatch(r"Executing action \(link (.+)\)", event.get("name", ""))
+        if not match:
+            continue
+        key = (event.get("tid", 0), match[1])
+        if event.get("ph") == "B":
+            began[key] = event["ts"]
+        elif event.get("ph") == "E" and key in began:
+            spans[match[1]] = round((event["ts"] - began.pop(key)) / 1e6, 1)
+    return spans
+
+
+class CompileProgress:
+    """Counts the packages `go build -v` reports compiled, for progress lines that say how far it got."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.compiled = 0
+
+    def saw(self, line: str) -> None:
+        if _PACKAGE_LINE.match(line.strip()):
+            self.compiled += 1
+
+    def line(self) -> str:
+        if not self.total:
+            return f"{self.compiled} packages compiled"
+        percent = min(100, round(100 * self.compiled / self.total))
+        return f"{self.compiled} of {self.total} packages compiled ({percent}%), cached ones not counted"
+
+
 class _Build:
     """One wrapper-module build, logging every command into one file."""
 
@@ -200,6 +253,20 @@ class _Build:
             raise ToolchainError(self._explain(args))
         return result.stdout
 
+    def go_streaming(self, args: list[str], progress: CompileProgress) -> None:
+        """Run go with its stderr counted by `progress` as it arrives (and logged)."""
+        with open(self.log, "a") as handle:
+            handle.write(f"$ go {' '.join(args)}\n")
+            handle.flush()
+            process = subprocess.Popen(["go", *args], cwd=self.workdir, env=self.env, stdout=handle,
+                                       stderr=subprocess.PIPE, text=True)
+            for line in process.stderr:
+                handle.write(line)
+                progress.saw(line)
+            code = process.wait()
+        if code != 0:
+            raise ToolchainError(self._explain(tuple(args)))
+
     def _explain(self, args: tuple[str, ...]) -> str:
         text = tail(self.log, 40)
         refused = re.search(r"([\w./-]+@v[\w.+-]+)[^\n]*(403|not available|Forbidden)", text)
@@ -214,6 +281,10 @@ class _Build:
     def module_dir(self, module_at_version: str) -> Path:
         out = self.go("mod", "download", "-json", module_at_version)
         return Path(json.loads(out)["Dir"])
+
+    @property
+    def tag_flags(self) -> list[str]:
+        return ["-tags", self.spec.tags] if self.spec.tags else []
 
 
 def _staging_replaces(spec: ToolSpec, build: _Build) -> dict[str, str]:
@@ -241,67 +312,112 @@ def render_kustomization(directory: Path) -> list[str]:
     return documents
 
 
-def _build(spec: ToolSpec, entry: Path, say: Say) -> None:
+@dataclasses.dataclass
+class _Prepared:
+    """A wrapper module whose dependencies are downloaded: everything a compile needs but CPU."""
+
+    spec: ToolSpec
+    build: _Build
+    packages: list[str]
+    package_count: int
+    download_seconds: float
+
+
+def _prepare(spec: ToolSpec, say: Say) -> _Prepared:
+    """The download phase: wrapper module, replacements, `go get` and the package list."""
     logs = cache_root() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{spec.key}.log"
     log.write_text("")
     started = time.monotonic()
+    build = _Build(spec, Path(tempfile.mkdtemp(prefix=f"strata-build-{spec.name}-")), log)
+    major, minor = _go_version()
+    build.go("mod", "init", f"strata.local/toolchain/{spec.name}")
+    build.go("mod", "edit", f"-go={major}.{minor}.0")
+    replaces = dict(spec.replaces)
+    if spec.staging:
+        replaces.update(_staging_replaces(spec, build))
+    if replaces:
+        build.go("mod", "edit", *[f"-replace={old}={new.replace(' ', '@')}" for old, new in sorted(replaces.items())])
+    packages = [spec.module if pkg == "." else f"{spec.module}/{pkg}" for pkg in spec.packages]
+    build.go("get", *[f"{pkg}@{spec.version}" for pkg in packages], *spec.get)
+    package_count = len(build.go("list", "-deps", *build.tag_flags, *packages).split())
+    seconds = time.monotonic() - started
+    say(f"  modules for {spec.key} downloaded in {format_seconds(seconds)} ({package_count} packages to build)")
+    return _Prepared(spec, build, packages, package_count, seconds)
+
+
+def _compile(prepared: _Prepared, entry: Path, say: Say) -> dict[str, object]:
+    """The compile phase: one `go build` for every binary of the entry, then the entry's extra files."""
+    spec, build = prepared.spec, prepared.build
     staging_entry = entry.with_name(entry.name + ".partial")
     shutil.rmtree(staging_entry, ignore_errors=True)
     (staging_entry / "bin").mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix=f"strata-build-{spec.name}-") as tmp:
-        workdir = Path(tmp)
-        build = _Build(spec, workdir, log)
-        major, minor = _go_version()
-        build.go("mod", "init", f"strata.local/toolchain/{spec.name}")
-        build.go("mod", "edit", f"-go={major}.{minor}.0")
-        replaces = dict(spec.replaces)
-        if spec.staging:
-            replaces.update(_staging_replaces(spec, build))
-        for old, new in sorted(replaces.items()):
-            build.go("mod", "edit", f"-replace={old}={new.replace(' ', '@')}")
-        packages = [spec.module if pkg == "." else f"{spec.module}/{pkg}" for pkg in spec.packages]
-        build.go("get", *[f"{pkg}@{spec.version}" for pkg in packages], *spec.get)
-        ldflags = " ".join(flag.format(version=spec.version) for flag in spec.ldflags)
-        for package, binary in zip(packages, spec.packages.values()):
-            say(f"  compiling {binary}")
-            flags = ["-trimpath", "-o", str(staging_entry / "bin" / binary)]
-            if spec.tags:
-                flags += ["-tags", spec.tags]
-            if ldflags:
-                flags += ["-ldflags", ldflags]
-            build.go("build", *flags, package)
-        source = build.module_dir(f"{spec.module}@{spec.version}")
-        for origin, dest in spec.copy.items():
-            module_at_version, _, relative = origin.partition(":")
-            target = staging_entry / dest
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(build.module_dir(module_at_version) / relative, target)
-            target.chmod(0o755)
-        for stages in spec.kwok_stages:
-            documents = render_kustomization(source / stages)
-            (staging_entry / "stages.yaml").write_text("\n---\n".join(documents) + "\n")
-        for crd_dir in spec.crds:
-            target = staging_entry / "crds"
-            target.mkdir(exist_ok=True)
-            for crd in sorted((source / crd_dir).glob("*.yaml")):
-                if crd.name != "kustomization.yaml":
-                    shutil.copyfile(crd, target / crd.name)
-    _write_manifest(staging_entry, spec, time.monotonic() - started)
+    trace = build.log.with_suffix(".trace.json")
+    ldflags = " ".join([*STRIP_LDFLAGS, *(flag.format(version=spec.version) for flag in spec.ldflags)])
+    progress = CompileProgress(prepared.package_count)
+    started = time.monotonic()
+    # One invocation: dependencies shared by several binaries compile once, and one binary links
+    # while the next one's packages still compile.
+    with step(f"compiling {spec.key}: {', '.join(spec.packages.values())}", say, detail=progress.line):
+        build.go_streaming(["build", "-v", "-trimpath", *build.tag_flags, "-ldflags", ldflags,
+                            f"-debug-trace={trace}", "-o", f"{staging_entry / 'bin'}/", *prepared.packages], progress)
+    compile_seconds = time.monotonic() - started
+    links = link_seconds(trace)
+    for package, binary in zip(prepared.packages, spec.packages.values()):
+        default = staging_entry / "bin" / default_binary_name(package)
+        if default.name != binary:
+            default.rename(staging_entry / "bin" / binary)
+    source = build.module_dir(f"{spec.module}@{spec.version}")
+    for origin, dest in spec.copy.items():
+        module_at_version, _, relative = origin.partition(":")
+        target = staging_entry / dest
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(build.module_dir(module_at_version) / relative, target)
+        target.chmod(0o755)
+    for stages in spec.kwok_stages:
+        documents = render_kustomization(source / stages)
+        (staging_entry / "stages.yaml").write_text("\n---\n".join(documents) + "\n")
+    for crd_dir in spec.crds:
+        target = staging_entry / "crds"
+        target.mkdir(exist_ok=True)
+        for crd in sorted((source / crd_dir).glob("*.yaml")):
+            if crd.name != "kustomization.yaml":
+                shutil.copyfile(crd, target / crd.name)
+    phases = {
+        "download_seconds": round(prepared.download_seconds, 1),
+        "compile_seconds": round(compile_seconds, 1),
+        "packages_compiled": progress.compiled,
+        "link_seconds": {binary: links[package] for package, binary in zip(prepared.packages, spec.packages.values())
+                         if package in links},
+    }
+    _write_manifest(staging_entry, spec, prepared.download_seconds + compile_seconds, phases)
     shutil.rmtree(entry, ignore_errors=True)
     staging_entry.rename(entry)
+    return phases
+
+
+def format_phases(key: str, phases: dict) -> str:
+    links = ", ".join(f"{binary} {seconds:.0f}s" for binary, seconds in phases.get("link_seconds", {}).items())
+    return (f"  {key}: modules {format_seconds(phases['download_seconds'])}, compile and link "
+            f"{format_seconds(phases['compile_seconds'])} ({phases['packages_compiled']} packages"
+            f"{'; links: ' + links if links else ''})")
 
 
 def ensure(
     names: list[str] | None = None, rebuild: tuple[str, ...] = (), say: Say = stderr_say
 ) -> Toolchain:
-    """Build whatever is missing (or named in `rebuild`) and return the toolchain."""
+    """Build whatever is missing (or named in `rebuild`) and return the toolchain.
+
+    Downloads run one tool ahead of compiles (a thread doing `go get` while `go build` uses the
+    cores), so only the first tool's download is spent waiting.
+    """
     specs = load_specs()
     unknown = [name for name in [*(names or []), *rebuild] if name not in specs]
     if unknown:
         raise ToolchainError(f"unknown toolchain entries {unknown}; known: {sorted(specs)}")
     entries = {}
+    pending = []
     started = time.monotonic()
     for name in names or list(specs):
         spec = specs[name]
@@ -310,9 +426,26 @@ def ensure(
         if reason is None:
             say(f"cache hit: {spec.key} ({entry})")
         else:
-            with step(f"building {spec.key} from Go modules ({reason})", say):
-                _build(spec, entry, say)
+            say(f"to build: {spec.key} from Go modules ({reason})")
+            pending.append((spec, entry))
         entries[name] = entry
+    downloads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="go-download")
+    prepared = [downloads.submit(_prepare, spec, say) for spec, _ in pending]
+    summary = []
+    try:
+        for (spec, entry), future in zip(pending, prepared):
+            ready = future.result()
+            try:
+                summary.append(format_phases(spec.key, _compile(ready, entry, say)))
+            finally:
+                shutil.rmtree(ready.build.workdir, ignore_errors=True)
+    finally:
+        downloads.shutdown(cancel_futures=True)
+        for future in prepared:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                shutil.rmtree(future.result().build.workdir, ignore_errors=True)
+    for line in summary:
+        say(line)
     say(f"toolchain ready in {format_seconds(time.monotonic() - started)}")
     return Toolchain(entries)
 

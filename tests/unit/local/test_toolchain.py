@@ -132,3 +132,47 @@ def test_cache_root_follows_strata_cache(monkeypatch, tmp_path):
     assert toolchain.cache_root() == tmp_path
     monkeypatch.delenv("STRATA_CACHE")
     assert toolchain.cache_root() == Path(os.path.expanduser("~/.cache/strata"))
+
+
+def test_binaries_keep_the_names_go_gives_them_or_are_renamed():
+    assert toolchain.default_binary_name("k8s.io/kubernetes/cmd/kubelet") == "kubelet"
+    assert toolchain.default_binary_name("github.com/fluxcd/source-controller") == "source-controller"
+    # A module root with a major version suffix is named after the element before it.
+    assert toolchain.default_binary_name("go.etcd.io/etcd/server/v3") == "server"
+    assert toolchain.default_binary_name("example.com/tools/v1") == "v1"
+
+
+def test_stripping_is_part_of_the_fingerprint(monkeypatch):
+    spec = load_specs()["kwok"]
+    before = spec.fingerprint
+    monkeypatch.setattr(toolchain, "STRIP_LDFLAGS", ())
+    assert spec.fingerprint != before
+
+
+def test_link_times_come_from_the_build_trace(tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps([
+        {"name": "Executing action (build k8s.io/x/cmd/a)", "ph": "B", "ts": 0, "tid": 1},
+        {"name": "Executing action (link k8s.io/x/cmd/a)", "ph": "B", "ts": 1_000_000, "tid": 2},
+        {"name": "Executing action (link k8s.io/x/cmd/b)", "ph": "B", "ts": 2_000_000, "tid": 3},
+        {"name": "Executing action (link k8s.io/x/cmd/a)", "ph": "E", "ts": 13_500_000, "tid": 2},
+        {"name": "Executing action (link k8s.io/x/cmd/b)", "ph": "E", "ts": 4_000_000, "tid": 3},
+    ]))
+    assert toolchain.link_seconds(trace) == {"k8s.io/x/cmd/a": 12.5, "k8s.io/x/cmd/b": 2.0}
+    assert toolchain.link_seconds(tmp_path / "absent.json") == {}
+
+
+def test_compile_progress_counts_packages_not_errors():
+    progress = toolchain.CompileProgress(total=4)
+    for line in ["internal/goarch\n", "k8s.io/api/core/v1\n", "# k8s.io/broken\n", "x.go:1: undefined: y\n"]:
+        progress.saw(line)
+    assert progress.compiled == 2
+    assert progress.line().startswith("2 of 4 packages compiled (50%)")
+
+
+def test_phases_read_as_one_line_per_entry():
+    line = toolchain.format_phases("kubernetes-v1.34.4", {
+        "download_seconds": 14.2, "compile_seconds": 545.0, "packages_compiled": 2890,
+        "link_seconds": {"kube-apiserver": 21.4, "kubectl": 9.0}})
+    assert line == ("  kubernetes-v1.34.4: modules 14.2s, compile and link 9m05s (2890 packages; "
+                    "links: kube-apiserver 21s, kubectl 9s)")
