@@ -106,6 +106,15 @@ def _reconcile_stack(args: argparse.Namespace) -> int:
     return stackctl.reconcile_stack(_cluster(args), args.namespace, args.name, timeout, args.output)
 
 
+def _suspend_stack(args: argparse.Namespace) -> int:
+    return stackctl.suspend_stack(_cluster(args), args.namespace, args.name, args.output)
+
+
+def _resume_stack(args: argparse.Namespace) -> int:
+    timeout = stackctl.parse_duration(args.timeout)
+    return stackctl.resume_stack(_cluster(args), args.namespace, args.name, timeout, args.output)
+
+
 def _logs_stack(args: argparse.Namespace) -> int:
     state_dirs = [args.operator_state_dir] if args.operator_state_dir else stackctl.operator_state_dirs()
     return stackctl.stack_logs(_cluster(args), args.namespace, args.name, state_dirs, args.output)
@@ -219,6 +228,23 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
     reconcile_stack.set_defaults(handler=_reconcile_stack)
 
+    suspend = commands.add_parser("suspend", parents=[stack_options], help="run nothing more for an object")
+    suspend_kinds = suspend.add_subparsers(dest="action", required=True)
+    suspend_stack = suspend_kinds.add_parser("stack", parents=[stack_options],
+                                             help="set spec.suspend: no updates run until resumed")
+    suspend_stack.add_argument("name", help="the Stack's name")
+    suspend_stack.set_defaults(handler=_suspend_stack)
+
+    resume = commands.add_parser("resume", parents=[stack_options], help="run an object again and wait")
+    resume_kinds = resume.add_subparsers(dest="action", required=True)
+    resume_stack = resume_kinds.add_parser(
+        "stack", parents=[stack_options],
+        help="clear spec.suspend and wait until what changed meanwhile has run")
+    resume_stack.add_argument("name", help="the Stack's name")
+    resume_stack.add_argument("--timeout", default=argparse.SUPPRESS,
+                              help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
+    resume_stack.set_defaults(handler=_resume_stack)
+
     logs = commands.add_parser("logs", parents=[stack_options], help="an object's last engine output")
     logs_kinds = logs.add_subparsers(dest="action", required=True)
     logs_stack = logs_kinds.add_parser("stack", parents=[stack_options],
@@ -244,8 +270,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     # Group options are shared by the group and its actions, so their defaults are filled in here.
-    defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS, "get": STACK_DEFAULTS, "reconcile": STACK_DEFAULTS,
-                "logs": STACK_DEFAULTS}.get(args.command, {})
+    defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS,
+                **dict.fromkeys(("get", "reconcile", "suspend", "resume", "logs"), STACK_DEFAULTS)}.get(args.command, {})
     for key, value in defaults.items():
         if not hasattr(args, key):
             setattr(args, key, value)

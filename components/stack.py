@@ -159,6 +159,8 @@ class StackSpec(TypedDict):
     """Run the update with a token of this ServiceAccount (least privilege per Stack)."""
     preview: NotRequired[bool]
     """Only preview, never update."""
+    suspend: NotRequired[bool]
+    """Run nothing while true (Flux's convention); false again runs what changed meanwhile."""
     retry_max_backoff_duration_seconds: NotRequired[int]
     """Cap of the retry backoff."""
 

@@ -1,5 +1,5 @@
-"""`strata get|reconcile|logs stack(s)`: daily operation of pulumi.com/v1 Stacks, the way `flux get`,
-`flux reconcile` and `flux logs` work for Flux's objects.
+"""`strata get|reconcile|suspend|resume|logs stack(s)`: daily operation of pulumi.com/v1 Stacks, the way
+`flux get`, `flux reconcile`, `flux suspend`, `flux resume` and `flux logs` work for Flux's objects.
 
 The deciding and formatting is pure (rows, ages, durations, the reconcile verdict) and unit-tested
 alone; the rest reads the kubeconfig like kubectl (`--kubeconfig`, else $KUBECONFIG, else
@@ -23,6 +23,8 @@ RECONCILE_REQUEST = "pulumi.com/reconciliation-request"
 # Where a worker leaves the last engine run's output, beside the Stack's home (strata_operator.worker).
 UPDATE_LOG = "last-update.json"
 KSTATUS = ("Ready", "Stalled", "Reconciling")
+# The Ready reason of a suspended Stack (strata_operator.status.SUSPENDED).
+SUSPENDED = "Suspended"
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
 
@@ -142,10 +144,25 @@ def reconcile_verdict(stack: Mapping[str, Any], request: str) -> ReconcileVerdic
     """Where a Stack stands after the reconcile request `request`: not done until the operator has
     answered that request (status.observedReconcileRequest) with a verdict; then Ready succeeds,
     Stalled fails, and so does a run for this request that failed and waits to be retried."""
+    if (stack.get("status") or {}).get("observedReconcileRequest") != request:
+        return ReconcileVerdict(False, False, "Requested", "waiting for the operator to pick the request up")
+    return _settled(stack, lambda last: last.get("reconcileRequest") == request)
+
+
+def resume_verdict(stack: Mapping[str, Any], generation: int) -> ReconcileVerdict:
+    """Where a Stack stands after `resume` made `generation`: not done until the operator has planned on
+    that generation and is no longer suspended; then as `reconcile_verdict`."""
+    status = stack.get("status") or {}
+    if (int(status.get("observedGeneration") or 0) < generation
+            or (conditions(stack).get("Ready") or {}).get("reason") == SUSPENDED):
+        return ReconcileVerdict(False, False, "Requested", "waiting for the operator to resume the Stack")
+    return _settled(stack, lambda last: int(last.get("generation") or 0) >= generation)
+
+
+def _settled(stack: Mapping[str, Any], answers: Callable[[Mapping[str, Any]], bool]) -> ReconcileVerdict:
+    """The verdict of a Stack whose operator has seen what was asked; `answers(lastUpdate)`: that run was for it."""
     status = stack.get("status") or {}
     found = conditions(stack)
-    if status.get("observedReconcileRequest") != request:
-        return ReconcileVerdict(False, False, "Requested", "waiting for the operator to pick the request up")
     for kind in KSTATUS:
         condition = found.get(kind) or {}
         if condition.get("status") != "True":
@@ -156,8 +173,7 @@ def reconcile_verdict(stack: Mapping[str, Any], request: str) -> ReconcileVerdic
         if kind == "Stalled":
             return ReconcileVerdict(True, False, reason, message)
         last = status.get("lastUpdate") or {}
-        if (last.get("state") == "failed" and last.get("reconcileRequest") == request
-                and not status.get("currentUpdate")):
+        if last.get("state") == "failed" and answers(last) and not status.get("currentUpdate"):
             return ReconcileVerdict(True, False, last.get("reason") or reason, last.get("message") or message)
         return ReconcileVerdict(False, False, reason, message)
     return ReconcileVerdict(False, False, "Requested", "waiting for the operator to report")
@@ -248,6 +264,11 @@ class Cluster:
                           not_found=f"Stack {namespace}/{name} not found (`strata get stacks -n {namespace}` "
                                     "lists the Stacks there)")
 
+    def set_suspend(self, namespace: str, name: str, suspend: bool) -> dict[str, Any]:
+        """Patch spec.suspend; returns the Stack as patched (its new generation)."""
+        return self._call(f"patching Stack {namespace}/{name}", self.custom.patch_namespaced_custom_object,
+                          GROUP, VERSION, namespace, PLURAL, name, {"spec": {"suspend": suspend}})
+
     def request_reconcile(self, namespace: str, name: str, request: str) -> None:
         self._call(f"annotating Stack {namespace}/{name}", self.custom.patch_namespaced_custom_object,
                    GROUP, VERSION, namespace, PLURAL, name,
@@ -288,15 +309,48 @@ def reconcile_stack(cluster: Cluster, namespace: str | None, name: str, timeout:
                     interval: float = 1.0) -> int:
     """Set the reconcile request, then follow the Stack until the operator has answered it."""
     namespace = namespace or cluster.namespace
-    cluster.get_stack(namespace, name)
+    stack = cluster.get_stack(namespace, name)
+    if (stack.get("spec") or {}).get("suspend"):
+        raise StackCtlError(f"Stack {namespace}/{name} is suspended: nothing runs until "
+                            f"`strata resume stack {name} -n {namespace}`, which runs what changed")
     request = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     _say(f"► annotating Stack {namespace}/{name} ({RECONCILE_REQUEST}={request})")
     cluster.request_reconcile(namespace, name, request)
+    return _follow(cluster, namespace, name, lambda stack: reconcile_verdict(stack, request), timeout, output,
+                   {"request": request}, interval)
+
+
+def suspend_stack(cluster: Cluster, namespace: str | None, name: str, output: str) -> int:
+    """Set spec.suspend, as `flux suspend` does: the operator runs nothing more (a run going on finishes)."""
+    namespace = namespace or cluster.namespace
+    cluster.get_stack(namespace, name)
+    _say(f"► suspending Stack {namespace}/{name}")
+    stack = cluster.set_suspend(namespace, name, True)
+    if output == "json":
+        _print_json({**stack_row(stack, datetime.now(timezone.utc)).to_json(), "suspended": True})
+    _say(f"✔ Stack {namespace}/{name} suspended")
+    return 0
+
+
+def resume_stack(cluster: Cluster, namespace: str | None, name: str, timeout: float, output: str,
+                 interval: float = 1.0) -> int:
+    """Clear spec.suspend and follow the Stack until the operator has run what changed meanwhile."""
+    namespace = namespace or cluster.namespace
+    cluster.get_stack(namespace, name)
+    _say(f"► resuming Stack {namespace}/{name}")
+    generation = int(cluster.set_suspend(namespace, name, False)["metadata"]["generation"])
+    return _follow(cluster, namespace, name, lambda stack: resume_verdict(stack, generation), timeout, output,
+                   {"generation": generation}, interval)
+
+
+def _follow(cluster: Cluster, namespace: str, name: str, verdict_of: Callable[[Mapping[str, Any]], ReconcileVerdict],
+            timeout: float, output: str, extra: dict[str, Any], interval: float) -> int:
+    """Poll the Stack until `verdict_of` says done or `timeout`; print the outcome; exit status."""
     _say("◎ waiting for Stack reconciliation")
     deadline, seen = time.monotonic() + timeout, ("", "")
     while True:
         stack = cluster.get_stack(namespace, name)
-        verdict = reconcile_verdict(stack, request)
+        verdict = verdict_of(stack)
         if (verdict.reason, verdict.message) != seen and not verdict.done:
             seen = (verdict.reason, verdict.message)
             _say(f"  {verdict.reason}: {verdict.message}")
@@ -305,7 +359,7 @@ def reconcile_stack(cluster: Cluster, namespace: str | None, name: str, timeout:
         time.sleep(interval)
     row = stack_row(stack, datetime.now(timezone.utc))
     if output == "json":
-        _print_json({**row.to_json(), "request": request, "succeeded": verdict.ok, "timedOut": not verdict.done})
+        _print_json({**row.to_json(), **extra, "succeeded": verdict.ok, "timedOut": not verdict.done})
     if not verdict.done:
         _say(f"✗ Stack {namespace}/{name} not reconciled within {timeout:g}s; last: {verdict.reason}: "
              f"{verdict.message} (`strata logs stack {name} -n {namespace}` shows the last update's output)")

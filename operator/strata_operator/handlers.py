@@ -24,7 +24,7 @@ from . import FINALIZER, GROUP, VERSION, metrics, status as st
 from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
-                       plan_stack, prerequisites_verdict, terminating_namespace_message)
+                       plan_stack, prerequisites_verdict, suspended_verdict, terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
 from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
@@ -302,6 +302,15 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     watched.flux = ((spec.flux_source.source_ref.kind, spec.flux_source.source_ref.name)
                     if spec.flux_source and spec.source_kind == "flux" else ("", ""))
     watched.prerequisites = tuple(p.name for p in spec.prerequisites)
+    was_suspended = (_condition(session.status, st.READY) or {}).get("reason") == st.SUSPENDED
+    if spec.suspend:
+        # Nothing is resolved, fetched or run; a run already going finishes first.
+        if not was_suspended:
+            _event(body, st.EVENT_SUSPENDED, "suspended: no updates run until spec.suspend is false")
+        await session.write(suspended_verdict(session.status.get("lastUpdate")))
+        return None
+    if was_suspended:
+        _event(body, st.EVENT_RESUMED, "resumed: running whatever changed while suspended")
 
     try:
         resolved = await resolve_stack(spec, session.namespace, ctx.kube.secret_data, ctx.kube.configmap_data,

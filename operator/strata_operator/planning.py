@@ -16,7 +16,7 @@ from typing import Any, Literal
 from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
 from .backoff import cooldown_seconds
 from .spec import MIN_RESYNC_SECONDS, Prerequisite, StackSpec, parse_duration
-from .status import (FAILED, RECONCILING_PREREQUISITE, RECONCILING_PREVIEW_FAILED, RECONCILING_RETRY,
+from .status import (FAILED, RECONCILING_PREREQUISITE, SUSPENDED, RECONCILING_PREVIEW_FAILED, RECONCILING_RETRY,
                      PULUMI_VERSION_TOO_LOW, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_BLOCKED,
                      UPDATE_INTERRUPTED,
                      WORKSPACE_FAILED, Verdict, parse_time)
@@ -131,6 +131,20 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
 
     # An unknown state (hand-edited status): run, rather than sit silently.
     return Plan(kind, f"Unrecognised last update state {last.get('state')!r}")
+
+
+def suspended_verdict(last: dict[str, Any] | None) -> Verdict:
+    """spec.suspend: nothing runs, and Ready keeps what the last update left (Flux's suspended objects)."""
+    resume = "nothing runs until spec.suspend is false, then whatever changed meanwhile runs"
+    if not last:
+        return Verdict("suspended", SUSPENDED, f"suspended before its first update: {resume}")
+    commit = last.get("lastAttemptedCommit") or last.get("lastSuccessfulCommit") or ""
+    at = f" at {last['lastResyncTime']}" if last.get("lastResyncTime") else ""
+    if last.get("state") == SUCCEEDED:
+        return Verdict("suspended", SUSPENDED, f"suspended: {resume}; the last update ({commit}) succeeded{at}",
+                       last_succeeded=True)
+    return Verdict("suspended", SUSPENDED,
+                   f"suspended: {resume}; the last update ({commit}) failed{at}: {last.get('message', '')}")
 
 
 @dataclasses.dataclass(frozen=True)

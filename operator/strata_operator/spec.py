@@ -178,6 +178,8 @@ class StackSpec(_Model):
     retry_on_update_conflict: bool = Field(default=False, alias="retryOnUpdateConflict")
     retry_max_backoff_duration_seconds: int = Field(default=0, alias="retryMaxBackoffDurationSeconds")
     preview: bool = False
+    # Strata, Flux's convention: no runs while true (deletion still destroys).
+    suspend: bool = False
     service_account_name: str = Field(default="", alias="serviceAccountName")
     # accepted, not applicable (see NOT_APPLICABLE_FIELDS)
     workspace_template: dict[str, Any] | None = Field(default=None, alias="workspaceTemplate")

@@ -5,6 +5,8 @@ both work:
   ready        Ready=True  (ProcessingCompleted)
   reconciling  Ready=False (NotReadyInProgress) + Reconciling=True (reason)
   stalled      Ready=False (NotReadyStalled)    + Stalled=True (reason)
+and, while `spec.suspend` is true, Ready=True or False (Suspended) alone: the last update's outcome,
+with nothing in progress and nothing stuck (kstatus: Current), as Flux's suspended objects read.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ STALLED = "Stalled"
 
 # Condition reasons (PKO's names).
 READY_COMPLETED = "ProcessingCompleted"
+# spec.suspend (Strata, Flux's reason name): Ready keeps the last update's outcome under this reason.
+SUSPENDED = "Suspended"
 NOT_READY_IN_PROGRESS = "NotReadyInProgress"
 NOT_READY_STALLED = "NotReadyStalled"
 RECONCILING_PROCESSING = "StackProcessing"
@@ -46,7 +50,9 @@ UPDATE_BLOCKED = "UpdateBlocked"
 # for a workspace image's CLI): Stalled at once like UpdateBlocked, under this reason.
 PULUMI_VERSION_TOO_LOW = "PulumiVersionTooLow"
 
-# Event reasons (PKO's names).
+# Event reasons (PKO's names, and Flux's for suspend).
+EVENT_SUSPENDED = "Suspended"
+EVENT_RESUMED = "Resumed"
 EVENT_UPDATE_DETECTED = "StackUpdateDetected"
 EVENT_UPDATE_SUCCESSFUL = "StackCreated"
 EVENT_UPDATE_FAILURE = "StackUpdateFailure"
@@ -61,7 +67,7 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 SECRET_MASK = "[secret]"
 
-Phase = Literal["ready", "reconciling", "stalled"]
+Phase = Literal["ready", "reconciling", "stalled", "suspended"]
 
 
 def rfc3339(moment: datetime) -> str:
@@ -81,6 +87,8 @@ class Verdict:
     phase: Phase
     reason: str = READY_COMPLETED
     message: str = "the stack has been processed and is up to date"
+    # Suspended only: whether the last update succeeded, which is what Ready says while nothing runs.
+    last_succeeded: bool = False
 
 
 def build_conditions(previous: list[dict[str, Any]] | None, verdict: Verdict, generation: int,
@@ -102,6 +110,8 @@ def build_conditions(previous: list[dict[str, Any]] | None, verdict: Verdict, ge
 
     if verdict.phase == "ready":
         return [condition(READY, "True", READY_COMPLETED, verdict.message)]
+    if verdict.phase == "suspended":
+        return [condition(READY, "True" if verdict.last_succeeded else "False", SUSPENDED, verdict.message)]
     if verdict.phase == "reconciling":
         return [condition(READY, "False", NOT_READY_IN_PROGRESS, "reconciliation is in progress"),
                 condition(RECONCILING, "True", verdict.reason, verdict.message)]

@@ -56,6 +56,14 @@ def test_reconcile_stack_takes_kubectl_options_and_defaults_to_five_minutes(argv
         (cli._reconcile_stack, "web", "apps", "c", None, "5m")
 
 
+@pytest.mark.parametrize("argv, handler", [(["suspend", "stack", "web", "-n", "apps"], cli._suspend_stack),
+                                           (["resume", "-n", "apps", "stack", "web"], cli._resume_stack)])
+def test_suspend_and_resume_take_kubectl_options(argv, handler):
+    args = cli.parse(argv)
+    assert (args.handler, args.name, args.namespace, args.output, args.timeout) == (handler, "web", "apps", "table",
+                                                                                    "5m")
+
+
 def test_logs_stack_takes_the_operator_state_dir():
     args = cli.parse(["logs", "stack", "web", "--operator-state-dir", "/s", "--kubeconfig", "/k"])
     assert (args.handler, args.operator_state_dir, args.kubeconfig, args.output) == \

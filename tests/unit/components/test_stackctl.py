@@ -1,4 +1,4 @@
-"""The pure half of `strata get|reconcile|logs`: rows, ages, durations, the reconcile verdict."""
+"""The pure half of `strata get|reconcile|suspend|resume|logs`: rows, ages, durations, the verdicts."""
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -117,6 +117,26 @@ def test_reconcile_fails_when_the_run_for_this_request_failed_and_waits_for_a_re
     older = _stack(ready="False", reason="RetryingAfterFailure", true_kind="Reconciling", message="retrying",
                    observedReconcileRequest=REQUEST, last={**failed, "reconcileRequest": "earlier"})
     assert not stackctl.reconcile_verdict(older, REQUEST).done, "an earlier request's failure is not this one's"
+
+
+def test_resume_waits_until_the_operator_planned_on_the_resumed_generation():
+    still = _stack(ready="True", reason="Suspended", message="suspended", observedGeneration=7)
+    assert not stackctl.resume_verdict(still, 7).done, "the operator has not seen suspend: false yet"
+    older = _stack(observedGeneration=6)
+    assert not stackctl.resume_verdict(older, 7).done
+    running = _stack(ready="False", reason="StackProcessing", true_kind="Reconciling", message="processing",
+                     observedGeneration=7, currentUpdate={"type": "up"})
+    assert not stackctl.resume_verdict(running, 7).done
+    assert stackctl.resume_verdict(_stack(observedGeneration=7), 7) == stackctl.ReconcileVerdict(
+        True, True, "ProcessingCompleted", "up to date")
+    failed = {"state": "failed", "reason": "UpdateFailed", "message": "missing region", "generation": 7}
+    retrying = _stack(ready="False", reason="RetryingAfterFailure", true_kind="Reconciling", message="retrying",
+                      observedGeneration=7, last=failed)
+    assert stackctl.resume_verdict(retrying, 7) == stackctl.ReconcileVerdict(True, False, "UpdateFailed",
+                                                                             "missing region")
+    before = _stack(ready="False", reason="RetryingAfterFailure", true_kind="Reconciling", message="retrying",
+                    observedGeneration=7, last={**failed, "generation": 5})
+    assert not stackctl.resume_verdict(before, 7).done, "a failure from before the resume is not its answer"
 
 
 def test_the_update_log_sits_in_the_stacks_directory_of_the_operator_state(monkeypatch, tmp_path):

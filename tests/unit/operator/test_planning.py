@@ -6,7 +6,7 @@ import pytest
 
 from strata_operator.backoff import cooldown_seconds
 from strata_operator.planning import (Requests, check_prerequisite, plan_finalize, plan_stack,
-                                      prerequisites_verdict, terminating_namespace_message)
+                                      prerequisites_verdict, suspended_verdict, terminating_namespace_message)
 from strata_operator.spec import Prerequisite, Requirement, parse_stack_spec
 from strata_operator.status import RunRecord, failed_update, rfc3339, succeeded_update
 
@@ -222,3 +222,14 @@ def test_a_cli_too_old_stalls_at_once_as_pulumi_version_too_low():
     plan = plan_stack(spec(), 1, Requests(), last, SHA, NOW)
     assert (plan.run, plan.verdict.phase, plan.verdict.reason) == (None, "stalled", "PulumiVersionTooLow")
     assert plan_stack(spec(), 2, Requests(), last, SHA, NOW).run == "up"
+
+
+def test_a_suspended_stack_reads_as_its_last_update_left_it():
+    never = suspended_verdict(None)
+    assert never.phase == "suspended" and not never.last_succeeded and "before its first update" in never.message
+    good = suspended_verdict(ok())
+    assert good.last_succeeded and f"({SHA}) succeeded at" in good.message
+    bad = suspended_verdict(failed(2))
+    assert not bad.last_succeeded and "failed" in bad.message and "boom" in bad.message
+    for verdict in (never, good, bad):
+        assert verdict.reason == "Suspended" and "spec.suspend is false" in verdict.message

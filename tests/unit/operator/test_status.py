@@ -2,7 +2,7 @@
 
 from datetime import datetime, timedelta, timezone
 
-from strata_operator.status import Verdict, build_conditions, merge_patch, outputs_for_status
+from strata_operator.status import SUSPENDED, Verdict, build_conditions, merge_patch, outputs_for_status
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
@@ -42,3 +42,10 @@ def test_merge_patch_nulls_what_the_new_value_dropped():
     assert merge_patch(old, new) == {"reason": None, "state": "succeeded", "failures": 0,
                                      "outputs": {"gone": None, "a": {"x": None, "y": 2}}}
     assert merge_patch(None, new) == new and merge_patch(old, None) is None
+
+
+def test_suspended_is_ready_as_last_left_with_nothing_in_progress_or_stuck():
+    for last_succeeded, ready in ((True, "True"), (False, "False")):
+        conditions = build_conditions(None, Verdict("suspended", SUSPENDED, "suspended: ...", last_succeeded), 3, T0)
+        # kstatus reads a resource with neither Reconciling nor Stalled as Current: not failed, not waiting.
+        assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [("Ready", ready, "Suspended")]
