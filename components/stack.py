@@ -100,6 +100,11 @@ class Prerequisite(TypedDict):
     """How recent its success must be."""
 
 
+class Approval(TypedDict):
+    mode: str
+    """Auto (PKO's behaviour) or Manual: preview and save a plan on every change, apply it once approved."""
+
+
 class StackSpec(TypedDict):
     stack: str
     """Fully qualified stack name (e.g. organization/project/dev)."""
@@ -159,6 +164,8 @@ class StackSpec(TypedDict):
     """Run the update with a token of this ServiceAccount (least privilege per Stack)."""
     preview: NotRequired[bool]
     """Only preview, never update."""
+    approval: NotRequired[Approval]
+    """Manual approval of the exact plan (`strata approve stack NAME`)."""
     suspend: NotRequired[bool]
     """Run nothing while true (Flux's convention); false again runs what changed meanwhile."""
     retry_max_backoff_duration_seconds: NotRequired[int]

@@ -65,6 +65,8 @@ class UpdateRequest:
     environments: tuple[str, ...] = ()
     message: str = ""
     run_program: bool = False  # destroy: run the program too (spec.runProgram)
+    # Manual approval: preview saves its plan here; up applies exactly the plan found here.
+    plan_file: str = ""
     # For `recover`: the interrupted run's host and start time (seconds since the epoch).
     interrupted_host: str = ""
     interrupted_since: float = 0.0

@@ -21,6 +21,9 @@ from typing import Any
 import kopf
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
+from .approval import (APPROVE_ANNOTATION, EVENT_PLAN_READY, EVENT_PLAN_REFUSED, PLAN_LABEL, PLAN_REFUSED,
+                       PlanIdentity, approval_gate, awaiting_message, has_changes, inputs_digest, plan_chunks,
+                       plan_digest, plan_refused, plan_secret_name, plan_status)
 from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
@@ -66,9 +69,11 @@ class Watched:
 
 
 def intent(body: Any) -> tuple[Any, ...]:
-    """What of a Stack object can call for a run: its spec (generation) and the reconcile requests."""
+    """What of a Stack object can call for a run: its spec (generation), the reconcile requests and an
+    approval."""
     meta = body.get("metadata", {})
-    return meta.get("generation"), Requests.of(meta.get("annotations"), None)
+    annotations = meta.get("annotations") or {}
+    return meta.get("generation"), Requests.of(annotations, None), annotations.get(APPROVE_ANNOTATION, "")
 
 
 class Registry:
@@ -361,11 +366,103 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         await session.write(blocked)
         return None
 
+    if spec.manual_approval and plan.run == "up":
+        return await _gated_update(session, spec, resolved, plan, revision, handle)
     return await _run_update(session, spec, resolved, plan, revision, handle)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Approval:
+    """How a run of a Stack with manual approval goes: save a plan made from `identity`, or apply the
+    approved plan `digest` whose bytes are `plan`."""
+
+    identity: PlanIdentity | None = None
+    digest: str = ""
+    plan: bytes = b""
+
+
+async def _saved_plan(session: StackSession) -> tuple[bytes, str] | None:
+    """(plan, inputs digest) from the Stack's plan Secrets, or None when any is gone or does not hold
+    exactly the plan `status.plan` names."""
+    saved = session.status.get("plan") or {}
+    if not saved.get("digest"):
+        return None
+    parts = []
+    for index in range(int(saved.get("secrets") or 1)):
+        data = await session.ctx.kube.secret_bytes(session.namespace, plan_secret_name(session.name, index))
+        if data is None:
+            return None
+        parts.append(data)
+    plan = b"".join(part.get("plan", b"") for part in parts)
+    if plan_digest(plan) != saved["digest"]:
+        return None
+    return plan, parts[0].get("inputs", b"").decode()
+
+
+async def _empty_plan_secrets(session: StackSession, first: int, end: int) -> None:
+    """A used or replaced plan is emptied, not deleted (the operator may not delete Secrets); the
+    Secrets go with the Stack, which owns them."""
+    owner = _owner(session)
+    for index in range(first, end):
+        await session.ctx.kube.write_secret(session.namespace, plan_secret_name(session.name, index), {},
+                                            {PLAN_LABEL: session.name}, owner)
+
+
+async def _drop_plan(session: StackSession) -> None:
+    await _empty_plan_secrets(session, 0, int((session.status.get("plan") or {}).get("secrets") or 0))
+
+
+def _owner(session: StackSession) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "name": session.name,
+            "uid": session.meta.get("uid", ""), "controller": True}
+
+
+async def _gated_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                        handle: Any) -> float | None:
+    """spec.approval Manual: preview and keep a plan, wait for its approval, then apply exactly it."""
+    stored = await _saved_plan(session)
+    identity = PlanIdentity(session.generation, revision, session.requests.pulumi,
+                            inputs_digest(resolved.config, resolved.secret_config, resolved.env))
+    last = session.status.get("lastUpdate") or {}
+    refused = last.get("message", "") if last.get("reason") == PLAN_REFUSED else ""
+    gate = approval_gate(session.status.get("plan"), stored[1] if stored else None, identity,
+                         (session.meta.get("annotations") or {}).get(APPROVE_ANNOTATION, ""),
+                         session.namespace, session.name, refused)
+    if gate.action == "wait":
+        await session.write(gate.verdict)
+        return None
+    if gate.action == "apply" and stored is not None:
+        return await _run_update(session, spec, resolved, dataclasses.replace(plan, message=gate.message), revision,
+                                 handle, _Approval(digest=session.status["plan"]["digest"], plan=stored[0]))
+    return await _run_update(session, spec, resolved, dataclasses.replace(plan, run="preview", message=gate.message),
+                             revision, handle, _Approval(identity=identity))
+
+
+async def _keep_plan(session: StackSession, plan: bytes, summary: dict[str, int],
+                     identity: PlanIdentity) -> float | None:
+    """Store a saved plan in Secrets the Stack owns, show it in status.plan and wait for its approval
+    (a plan that changes nothing is applied on the next pass without one)."""
+    chunks = plan_chunks(plan)
+    digest = plan_digest(plan)
+    for index, chunk in enumerate(chunks):
+        extra = {"digest": digest.encode(), "inputs": identity.inputs.encode()} if index == 0 else {}
+        await session.ctx.kube.write_secret(session.namespace, plan_secret_name(session.name, index),
+                                            {"plan": chunk, **extra}, {PLAN_LABEL: session.name}, _owner(session))
+    await _empty_plan_secrets(session, len(chunks), int((session.status.get("plan") or {}).get("secrets") or 0))
+    saved = plan_status(identity, digest, summary, len(chunks), st.rfc3339(_now()))
+    if not has_changes(summary):
+        await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "applying a plan with no changes"),
+                            plan=saved, currentUpdate=None)
+        return 0.0
+    message = awaiting_message(saved, session.namespace, session.name)
+    _event(session.body, EVENT_PLAN_READY, message)
+    await session.write(approval_gate(saved, identity.inputs, identity, "", session.namespace, session.name).verdict,
+                        plan=saved, currentUpdate=None)
+    return None
+
+
 async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
-                      handle: Any) -> float | None:
+                      handle: Any, approval: _Approval | None = None) -> float | None:
     ctx = session.ctx
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
@@ -384,11 +481,18 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                                      plan.message)
         except RefError as err:
             return await _wait_for_reference(session, err)
+        plan_file = run_dir / "plan.json"
+        if approval is not None:
+            if approval.digest:
+                plan_file.write_bytes(approval.plan)
+            request = dataclasses.replace(request, plan_file=str(plan_file))
         _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message)
         await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
                             currentUpdate=st.current_update(run))
         result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request))
         metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
+        if approval is not None and approval.identity is not None and result.ok:
+            return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
         if result.ok:
             fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
@@ -396,15 +500,28 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             if run.kind == "up":
                 fields["outputs"] = st.outputs_for_status(result.outputs)
                 _keep_last_successful(project, stack_dir / "last-successful")
+                if session.status.get("plan"):  # applied, or no longer wanted (approval turned off)
+                    await _drop_plan(session)
+                    fields["plan"] = None
             _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
         else:
             conflict = result.outcome == "conflict"
-            reason = result.reason or {"conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(
-                result.outcome, st.STALLED_UPDATE_FAILED)
+            refused = approval is not None and bool(approval.digest) and plan_refused(result.message)
+            reason = PLAN_REFUSED if refused else result.reason or {
+                "conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(result.outcome,
+                                                                                   st.STALLED_UPDATE_FAILED)
             fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, result.message,
                                                     result.permalink, _now())
+            if refused:
+                # Never applied again: the next pass previews a new plan, which needs a new approval.
+                await _drop_plan(session)
+                fields["plan"] = None
+                _event(session.body, EVENT_PLAN_REFUSED, f"The engine refused the approved plan {approval.digest}: "
+                       f"{result.message}", warning=True)
             _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
                    f"Failed to update stack: {result.message}", warning=True)
+        if approval is not None and approval.digest:
+            fields["lastUpdate"]["plan"] = approval.digest
         # Planned as the status now stands: this run answered the Flux request (lastHandledReconcileAt).
         after = plan_stack(spec, session.generation, session.requests.answered(), fields["lastUpdate"], revision,
                            _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)

@@ -142,6 +142,29 @@ class Kube:
             raise
         return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
+    async def write_secret(self, namespace: str, name: str, data: dict[str, bytes], labels: dict[str, str],
+                           owner: dict[str, Any]) -> None:
+        """Create the Secret, or replace it whole when it exists (it is ours: owned by `owner`)."""
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
+                "data": {key: base64.b64encode(value).decode() for key, value in data.items()}}
+        core = kubernetes.client.CoreV1Api(self.api)
+        try:
+            await self._call(core.create_namespaced_secret, namespace, body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            await self._call(core.replace_namespaced_secret, name, namespace, body)
+
+    async def secret_bytes(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        try:
+            secret = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_secret, name, namespace)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
     async def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         try:
             cm = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_config_map, name, namespace)

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
+from .approval import PLAN_REFUSED
 from .backoff import cooldown_seconds
 from .spec import MIN_RESYNC_SECONDS, Prerequisite, StackSpec, parse_duration
 from .status import (FAILED, RECONCILING_PREREQUISITE, SUSPENDED, RECONCILING_PREVIEW_FAILED, RECONCILING_RETRY,
@@ -101,6 +102,9 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         message = last.get("message", "") or "update failed"
         if last.get("reason") == UPDATE_INTERRUPTED:
             return Plan(kind, "Resuming the update interrupted by an operator restart")
+        if last.get("reason") == PLAN_REFUSED:
+            # Nothing was applied, and only a new approval can apply anything: no backoff to wait out.
+            return Plan(kind, "The engine refused the approved plan: previewing a new one")
         if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW):
             stalled_reason = PULUMI_VERSION_TOO_LOW if last.get("reason") == PULUMI_VERSION_TOO_LOW \
                 else STALLED_UPDATE_FAILED

@@ -136,6 +136,12 @@ class Prerequisite(_Model):
     requirement: Requirement | None = None
 
 
+class Approval(_Model):
+    """Strata: `Manual` previews and saves a plan on every change and applies it only once approved."""
+
+    mode: Literal["Auto", "Manual"] = "Auto"
+
+
 class StackSpec(_Model):
     """`Stack.spec`: PKO v1 fields plus the v2 fields Strata honours or accepts."""
 
@@ -180,6 +186,8 @@ class StackSpec(_Model):
     preview: bool = False
     # Strata, Flux's convention: no runs while true (deletion still destroys).
     suspend: bool = False
+    # Strata: approve exactly the plan a preview saved (approval.py).
+    approval: Approval | None = None
     service_account_name: str = Field(default="", alias="serviceAccountName")
     # accepted, not applicable (see NOT_APPLICABLE_FIELDS)
     workspace_template: dict[str, Any] | None = Field(default=None, alias="workspaceTemplate")
@@ -209,6 +217,10 @@ class StackSpec(_Model):
         if self.source_kind == "flux" and self.flux_source is not None:
             return self.flux_source.source_ref.kind not in WATCHED_FLUX_KINDS
         return False
+
+    @property
+    def manual_approval(self) -> bool:
+        return self.approval is not None and self.approval.mode == "Manual"
 
     def resync_seconds(self, floor: int = MIN_RESYNC_SECONDS) -> int:
         """PKO semantics: unset or below the minimum (`floor`, 60 s unless the operator lowers it) means it."""
@@ -441,6 +453,9 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
     if spec.service_account_name and not _DNS_NAME.match(spec.service_account_name):
         issues.append(SpecIssue("spec.serviceAccountName", "not a ServiceAccount name",
                                 "use the name of a ServiceAccount in the Stack's namespace"))
+    if spec.preview and spec.manual_approval:
+        issues.append(SpecIssue("spec.approval.mode", "a preview Stack never applies anything to approve",
+                                "remove approval or preview"))
     if spec.preview and spec.destroy_on_finalize:
         issues.append(SpecIssue("spec.destroyOnFinalize", "a preview Stack never creates resources to destroy",
                                 "remove destroyOnFinalize or preview"))
