@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .status import Verdict
+from .status import Verdict, changes_text, has_changes
 
 APPROVE_ANNOTATION = "strata.dev/approve"
 AWAITING_APPROVAL = "AwaitingApproval"
@@ -68,16 +68,6 @@ def plan_status(identity: PlanIdentity, digest: str, summary: Mapping[str, int],
     return {"digest": digest, "generation": identity.generation, "revision": identity.revision,
             "reconcileRequest": identity.reconcile_request, "changes": dict(sorted(summary.items())),
             "secrets": chunks, "createdAt": created}
-
-
-def changes_text(summary: Mapping[str, int]) -> str:
-    """`create 1, update 2, delete 0` in the engine's words, without the unchanged ones."""
-    shown = {op: n for op, n in sorted(summary.items()) if op != "same" and n}
-    return ", ".join(f"{op} {n}" for op, n in shown.items()) or "no changes"
-
-
-def has_changes(summary: Mapping[str, int]) -> bool:
-    return any(n for op, n in summary.items() if op != "same")
 
 
 def plan_refused(message: str) -> bool:

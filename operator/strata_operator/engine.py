@@ -67,6 +67,8 @@ class UpdateRequest:
     run_program: bool = False  # destroy: run the program too (spec.runProgram)
     # Manual approval: preview saves its plan here; up applies exactly the plan found here.
     plan_file: str = ""
+    # Drift detection: refresh only previews (what changed outside Pulumi), writing nothing.
+    preview_only: bool = False
     # For `recover`: the interrupted run's host and start time (seconds since the epoch).
     interrupted_host: str = ""
     interrupted_since: float = 0.0

@@ -22,12 +22,13 @@ import kopf
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
 from .approval import (APPROVE_ANNOTATION, EVENT_PLAN_READY, EVENT_PLAN_REFUSED, PLAN_LABEL, PLAN_REFUSED,
-                       PlanIdentity, approval_gate, awaiting_message, has_changes, inputs_digest, plan_chunks,
-                       plan_digest, plan_refused, plan_secret_name, plan_status)
+                       PlanIdentity, approval_gate, awaiting_message, inputs_digest, plan_chunks, plan_digest,
+                       plan_refused, plan_secret_name, plan_status)
 from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
-from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
-                       plan_stack, prerequisites_verdict, suspended_verdict, terminating_namespace_message)
+from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, drift_check_due,
+                       drift_status, plan_finalize, plan_stack, prerequisites_verdict, suspended_verdict,
+                       terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
 from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
@@ -138,7 +139,8 @@ class StackSession:
     def watched(self) -> Watched:
         return self.ctx.registry.stacks.setdefault((self.namespace, self.name), Watched())
 
-    async def write(self, verdict: st.Verdict | None = None, **fields: Any) -> None:
+    async def write(self, verdict: st.Verdict | None = None, drifted: tuple[bool, str] | None = None,
+                    **fields: Any) -> None:
         """Patch status only when it changes, so idle Stacks cause no writes (and no wakeups).
 
         observedGeneration and observedReconcileRequest say which spec and request the conditions
@@ -151,6 +153,9 @@ class StackSession:
             failing = verdict.phase == "stalled" or verdict.reason in (st.RECONCILING_RETRY,
                                                                        st.RECONCILING_PREVIEW_FAILED)
             metrics.mark_failing(self.namespace, self.name, failing)
+        if drifted is not None:
+            patch["conditions"] = st.with_drifted(patch.get("conditions", self.status.get("conditions")), *drifted,
+                                                  self.generation, _now())
         changed = {k: v for k, v in patch.items() if self.status.get(k) != v}
         if "conditions" in changed and not _conditions_differ(self.status.get("conditions"), patch["conditions"]):
             del changed["conditions"]
@@ -347,8 +352,12 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
                       _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
     if plan.run is None:
+        due, next_check = drift_check_due(spec, session.status.get("lastUpdate"), session.status.get("drift"), _now(),
+                                          ctx.settings.min_resync_seconds)
+        if due:
+            return await _check_drift(session, spec, resolved, plan, revision, handle)
         await session.write(plan.verdict)
-        return plan.requeue_after
+        return _sooner(plan.requeue_after, next_check)
 
     checks = []
     for prereq in spec.prerequisites:
@@ -369,6 +378,57 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     if spec.manual_approval and plan.run == "up":
         return await _gated_update(session, spec, resolved, plan, revision, handle)
     return await _run_update(session, spec, resolved, plan, revision, handle)
+
+
+async def _check_drift(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                       handle: Any) -> float | None:
+    """A refresh preview of a Stack with nothing to run: status.drift, the Drifted condition, an Event
+    and the metric; with remediate, an update that refreshes first when something drifted."""
+    ctx, body = session.ctx, session.body
+    work = _stack_dir(ctx, session.namespace, session.name) / "runs" / f"drift-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        project = await _materialise(spec, handle, work / "src", resolved)
+        request = await _request(ctx, spec, session.namespace, session.name, project, resolved, work, "drift check")
+        result = await ctx.engine.refresh(dataclasses.replace(request, preview_only=True))
+    except (SourceError, SpecInvalid, RefError) as err:
+        result = UpdateResult("failed", str(err))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    metrics.DRIFT_CHECKS.labels(result.outcome).inc()
+    now = _now()
+    before = session.status.get("drift") or {}
+    # A check that failed tells nothing new about drift: what the last one found stands.
+    drift = drift_status(result.summary, st.rfc3339(now)) if result.ok else {
+        **before, "checkedAt": st.rfc3339(now), "error": result.message}
+    drift.setdefault("drifted", False)
+    remediate = bool(spec.drift_detection and spec.drift_detection.remediate)
+    found = f"{st.changes_text(drift.get('changes') or {})} outside Pulumi, found by a refresh preview at " \
+            f"{drift['checkedAt']}"
+    if drift["drifted"] and (not before.get("drifted") or before.get("changes") != drift["changes"]):
+        _event(body, st.DRIFT_DETECTED, found + ("; remediating with an update" if remediate else ""), warning=True)
+    elif before.get("drifted") and not drift["drifted"] and result.ok:
+        _event(body, "DriftResolved", "the refresh preview finds no change made outside Pulumi any more")
+    elif not result.ok and before.get("error") != result.message:
+        _event(body, "DriftCheckFailed", f"drift check failed: {result.message}", warning=True)
+    metrics.mark_drifted(session.namespace, session.name, drift["drifted"])
+    advice = "remediating with an update that refreshes first" if remediate else \
+        "run an update with refresh (a reconcile request with spec.refresh) or set spec.driftDetection.remediate"
+    await session.write(plan.verdict, drifted=(drift["drifted"], f"{found}; {advice}") if result.ok else None,
+                        drift=drift)
+    if drift["drifted"] and remediate:
+        return await _run_update(session, spec.model_copy(update={"refresh": True}), resolved,
+                                 Plan("up", f"Drift detected ({st.changes_text(drift['changes'])}): remediating"),
+                                 revision, handle)
+    _, next_check = drift_check_due(spec, session.status.get("lastUpdate"), drift, now,
+                                    ctx.settings.min_resync_seconds)
+    return _sooner(plan.requeue_after, next_check)
+
+
+def _sooner(*delays: float | None) -> float | None:
+    """The soonest of the passes asked for (at least a second away), or None: only when woken."""
+    waits = [delay for delay in delays if delay is not None]
+    return max(1.0, min(waits)) if waits else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,7 +510,7 @@ async def _keep_plan(session: StackSession, plan: bytes, summary: dict[str, int]
                                             {"plan": chunk, **extra}, {PLAN_LABEL: session.name}, _owner(session))
     await _empty_plan_secrets(session, len(chunks), int((session.status.get("plan") or {}).get("secrets") or 0))
     saved = plan_status(identity, digest, summary, len(chunks), st.rfc3339(_now()))
-    if not has_changes(summary):
+    if not st.has_changes(summary):
         await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "applying a plan with no changes"),
                             plan=saved, currentUpdate=None)
         return 0.0
@@ -503,6 +563,10 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                 if session.status.get("plan"):  # applied, or no longer wanted (approval turned off)
                     await _drop_plan(session)
                     fields["plan"] = None
+                if request.refresh and (session.status.get("drift") or {}).get("drifted"):
+                    # The update refreshed first: whatever drifted is Pulumi's again.
+                    fields["drift"] = drift_status({}, st.rfc3339(_now()))
+                    metrics.mark_drifted(session.namespace, session.name, False)
             _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
         else:
             conflict = result.outcome == "conflict"
@@ -528,8 +592,12 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
         # The run just recorded answers the plan; if planning wants another run now (e.g. the cooldown is 0)
         # come back immediately rather than writing a misleading verdict.
         await session.write(after.verdict or st.Verdict("reconciling", st.RECONCILING_PROCESSING, after.message),
-                            **fields)
-        return 0.0 if after.run else after.requeue_after
+                            drifted=(False, "") if "drift" in fields else None, **fields)
+        if after.run:
+            return 0.0
+        _, next_check = drift_check_due(spec, fields["lastUpdate"], fields.get("drift", session.status.get("drift")),
+                                        _now(), ctx.settings.min_resync_seconds)
+        return _sooner(after.requeue_after, next_check)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -142,6 +142,14 @@ class Approval(_Model):
     mode: Literal["Auto", "Manual"] = "Auto"
 
 
+class DriftDetection(_Model):
+    """Strata: a refresh preview every `interval` finds changes made outside Pulumi; `remediate` runs an
+    update (with refresh) when it finds some."""
+
+    interval: str = "1h"
+    remediate: bool = False
+
+
 class StackSpec(_Model):
     """`Stack.spec`: PKO v1 fields plus the v2 fields Strata honours or accepts."""
 
@@ -188,6 +196,7 @@ class StackSpec(_Model):
     suspend: bool = False
     # Strata: approve exactly the plan a preview saved (approval.py).
     approval: Approval | None = None
+    drift_detection: DriftDetection | None = Field(default=None, alias="driftDetection")
     service_account_name: str = Field(default="", alias="serviceAccountName")
     # accepted, not applicable (see NOT_APPLICABLE_FIELDS)
     workspace_template: dict[str, Any] | None = Field(default=None, alias="workspaceTemplate")
@@ -453,6 +462,16 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
     if spec.service_account_name and not _DNS_NAME.match(spec.service_account_name):
         issues.append(SpecIssue("spec.serviceAccountName", "not a ServiceAccount name",
                                 "use the name of a ServiceAccount in the Stack's namespace"))
+    if spec.drift_detection is not None:
+        try:
+            if parse_duration(spec.drift_detection.interval) <= 0:
+                raise ValueError(spec.drift_detection.interval)
+        except ValueError:
+            issues.append(SpecIssue("spec.driftDetection.interval", f"{spec.drift_detection.interval!r} is not a "
+                                    "positive duration", "use a Go duration such as 30m or 1h"))
+        if spec.preview and spec.drift_detection.remediate:
+            issues.append(SpecIssue("spec.driftDetection.remediate", "a preview Stack never updates",
+                                    "remove remediate or preview"))
     if spec.preview and spec.manual_approval:
         issues.append(SpecIssue("spec.approval.mode", "a preview Stack never applies anything to approve",
                                 "remove approval or preview"))

@@ -214,13 +214,14 @@ def _selection(request: dict[str, Any]) -> tuple[list[str], list[str]]:
     return targets, (["--message", request["message"]] if request["message"] else [])
 
 
-def _with_event_log(command: auto.PulumiCommand, args: list[str], workdir: str
+def _with_event_log(command: auto.PulumiCommand, args: list[str], workdir: str, env: dict[str, str] | None = None
                     ) -> tuple[auto.CommandResult, dict[str, dict[str, Any]] | None, dict[str, int]]:
     """Run the CLI with an event log: (result, root stack outputs or None, resource changes)."""
     event_log = Path(workdir).parent / f".events-{os.getpid()}.jsonl"
     try:
         # As the Automation API does: the CLI offers --event-log only with debug commands on.
-        result = command.run([*args, "--event-log", str(event_log)], workdir, {"PULUMI_DEBUG_COMMANDS": "true"})
+        result = command.run([*args, "--event-log", str(event_log)], workdir,
+                             {"PULUMI_DEBUG_COMMANDS": "true", **(env or {})})
     finally:
         outputs, summary = _event_log_results(event_log)
         event_log.unlink(missing_ok=True)
@@ -236,6 +237,16 @@ def _save_plan(command: auto.PulumiCommand, request: dict[str, Any], workdir: st
                                          workdir)
     return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": {},
             "engine_output": result.stdout + result.stderr}
+
+
+def _refresh_preview(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """`pulumi refresh --preview-only`: what differs between the stack's state and the world, written nowhere."""
+    targets, _ = _selection(request)
+    # PULUMI_SKIP_CONFIRMATIONS (set for every update) implies --yes, which --preview-only refuses.
+    result, _, summary = _with_event_log(command, ["refresh", "--preview-only", "--non-interactive", "--stack",
+                                                   request["stack_name"], *targets], workdir,
+                                         {"PULUMI_SKIP_CONFIRMATIONS": "false"})
+    return {"outcome": "succeeded", "summary": summary, "outputs": {}, "engine_output": result.stdout + result.stderr}
 
 
 def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
@@ -371,6 +382,8 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
         return _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir))
     if operation == "preview" and request["plan_file"]:
         return _on_stack(workspace, request, known, create, lambda: _save_plan(pulumi_command, request, workdir))
+    if operation == "refresh" and request["preview_only"]:
+        return _on_stack(workspace, request, known, False, lambda: _refresh_preview(pulumi_command, request, workdir))
     return _on_stack(workspace, request, known, create, lambda: _automation_operation(workspace, request))
 
 

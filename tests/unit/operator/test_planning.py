@@ -5,8 +5,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from strata_operator.backoff import cooldown_seconds
-from strata_operator.planning import (Requests, check_prerequisite, plan_finalize, plan_stack,
-                                      prerequisites_verdict, suspended_verdict, terminating_namespace_message)
+from strata_operator.planning import (Requests, check_prerequisite, drift_check_due, drift_status, plan_finalize,
+                                      plan_stack, prerequisites_verdict, suspended_verdict,
+                                      terminating_namespace_message)
 from strata_operator.spec import Prerequisite, Requirement, parse_stack_spec
 from strata_operator.status import RunRecord, failed_update, rfc3339, succeeded_update
 
@@ -233,3 +234,22 @@ def test_a_suspended_stack_reads_as_its_last_update_left_it():
     assert not bad.last_succeeded and "failed" in bad.message and "boom" in bad.message
     for verdict in (never, good, bad):
         assert verdict.reason == "Suspended" and "spec.suspend is false" in verdict.message
+
+
+def test_drift_is_checked_every_interval_from_the_last_check_or_update():
+    watched = spec(driftDetection={"interval": "10m"})
+    assert drift_check_due(spec(), ok(), None, NOW) == (False, None), "no drift detection asked"
+    assert drift_check_due(watched, None, None, NOW) == (False, None), "nothing applied yet"
+    assert drift_check_due(watched, failed(1), None, NOW) == (False, None), "only what was applied can drift"
+    assert drift_check_due(watched, ok(at=NOW - timedelta(minutes=3)), None, NOW) == (False, 420.0)
+    assert drift_check_due(watched, ok(at=NOW - timedelta(hours=1)), None, NOW) == (True, 600.0)
+    checked = {"checkedAt": rfc3339(NOW - timedelta(minutes=9))}
+    assert drift_check_due(watched, ok(at=NOW - timedelta(hours=1)), checked, NOW) == (False, 60.0)
+    # The operator's floor (--min-resync-seconds) bounds a short interval.
+    assert drift_check_due(spec(driftDetection={"interval": "1s"}), ok(), None, NOW, floor=60) == (True, 60.0)
+
+
+def test_drift_status_counts_only_what_changed_outside_pulumi():
+    assert drift_status({"same": 3, "update": 1, "delete": 0}, "T") == {"checkedAt": "T", "drifted": True,
+                                                                          "changes": {"update": 1}}
+    assert drift_status({"same": 3}, "T") == {"checkedAt": "T", "drifted": False, "changes": {}}
