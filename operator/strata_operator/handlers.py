@@ -31,6 +31,7 @@ from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prere
                        terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
+from .rollout import RolloutStack, parse_waves, rollout_gate, rollout_progress
 from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
                       program_revision, program_status, project_info, safe_extract, subdir,
                       write_program_project)
@@ -67,6 +68,8 @@ class Watched:
     # What of the Stack's own object the last pass planned on (see `intent`): an event that changes
     # none of it (our own status writes) needs no pass.
     seen: tuple[Any, ...] = ()
+    # Waiting for earlier waves of its Program's rollout: woken whenever a Stack of that Program changes.
+    rollout_waiting: bool = False
 
 
 def intent(body: Any) -> tuple[Any, ...]:
@@ -359,6 +362,15 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         await session.write(plan.verdict)
         return _sooner(plan.requeue_after, next_check)
 
+    waves = parse_waves(handle) if spec.source_kind == "program" else None
+    watched.rollout_waiting = False
+    if waves and (session.status.get("lastUpdate") or {}).get("lastSuccessfulCommit") != revision:
+        held = await _rollout_gate(session, handle, waves, revision)
+        if held is not None:
+            watched.rollout_waiting = True
+            await session.write(held)
+            return None
+
     checks = []
     for prereq in spec.prerequisites:
         check = check_prerequisite(prereq, await ctx.kube.get_stack(session.namespace, prereq.name), _now())
@@ -429,6 +441,36 @@ def _sooner(*delays: float | None) -> float | None:
     """The soonest of the passes asked for (at least a second away), or None: only when woken."""
     waits = [delay for delay in delays if delay is not None]
     return max(1.0, min(waits)) if waits else None
+
+
+async def _rollout_stacks(session: StackSession, program: dict[str, Any]) -> list[RolloutStack]:
+    """The Stacks of this namespace whose source is this Program."""
+    name = program["metadata"]["name"]
+    found = []
+    for other in await session.ctx.kube.list_stacks(session.namespace):
+        spec = other.get("spec") or {}
+        if (spec.get("programRef") or {}).get("name") == name and not spec.get("projectRepo") \
+                and not spec.get("fluxSource"):
+            found.append(RolloutStack(other["metadata"]["name"], other["metadata"].get("labels") or {},
+                                      (other.get("status") or {}).get("lastUpdate") or {}))
+    return found
+
+
+async def _rollout_gate(session: StackSession, program: dict[str, Any], waves, revision: str) -> st.Verdict | None:
+    """Whether this Stack's wave may run `revision` yet; the Program's progress is brought up to date."""
+    stacks = await _rollout_stacks(session, program)
+    await _write_rollout_progress(session, program, waves, stacks, revision)
+    return rollout_gate(waves, stacks, session.name, revision)
+
+
+async def _write_rollout_progress(session: StackSession, program: dict[str, Any], waves, stacks: list[RolloutStack],
+                                  revision: str) -> None:
+    progress = rollout_progress(waves, stacks, revision)
+    before = (program.get("status") or {}).get("rollout")
+    if progress != before:
+        await session.ctx.kube.patch_program_status(session.namespace, program["metadata"]["name"],
+                                                    {"rollout": st.merge_patch(before, progress)})
+        program.setdefault("status", {})["rollout"] = progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -593,6 +635,10 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
         # come back immediately rather than writing a misleading verdict.
         await session.write(after.verdict or st.Verdict("reconciling", st.RECONCILING_PROCESSING, after.message),
                             drifted=(False, "") if "drift" in fields else None, **fields)
+        waves = parse_waves(handle) if spec.source_kind == "program" else None
+        if waves:  # this run moved the Program's rollout on: say so on the Program
+            program = await ctx.kube.get_program(session.namespace, handle["metadata"]["name"]) or handle
+            await _write_rollout_progress(session, program, waves, await _rollout_stacks(session, program), revision)
         if after.run:
             return 0.0
         _, next_check = drift_check_due(spec, fields["lastUpdate"], fields.get("drift", session.status.get("drift")),
@@ -672,6 +718,9 @@ def stack_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, *
     registry: Registry = memo.ctx.registry
     registry.wake(namespace, name, body)
     registry.wake_where(namespace, lambda w: name in w.prerequisites)
+    program = ((body.get("spec") or {}).get("programRef") or {}).get("name")
+    if program:  # a Stack of a later wave may now go
+        registry.wake_where(namespace, lambda w: w.rollout_waiting and w.program == program)
 
 
 @kopf.on.event(GROUP, VERSION, "programs")

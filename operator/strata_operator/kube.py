@@ -67,6 +67,11 @@ class Kube:
     async def get_stack(self, namespace: str, name: str) -> dict | None:
         return await self.get_custom(GROUP, VERSION, "stacks", namespace, name)
 
+    async def list_stacks(self, namespace: str) -> list[dict]:
+        listed = await self._call(kubernetes.client.CustomObjectsApi(self.api).list_namespaced_custom_object,
+                                  GROUP, VERSION, namespace, "stacks")
+        return listed.get("items", [])
+
     async def get_flux_source(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         version = api_version.split("/", 1)[1]
         # Any other Flux source kind follows the Kubernetes convention: HelmChart -> helmcharts.

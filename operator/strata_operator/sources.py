@@ -103,6 +103,8 @@ def program_status(program: dict[str, Any], previous: dict[str, Any] | None, now
     if all(before.get(k) == artifact[k] for k in ("path", "revision", "digest")):
         artifact["lastUpdateTime"] = before.get("lastUpdateTime", now)  # unchanged: keep its time, write nothing
     status["artifact"] = artifact
+    if (previous or {}).get("rollout"):
+        status["rollout"] = previous["rollout"]  # the Stacks' to write (rollout.rollout_progress)
     return status
 
 
