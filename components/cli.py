@@ -222,43 +222,28 @@ def build_parser() -> argparse.ArgumentParser:
                          help="Stacks: ready, reason, last update, commit, age, message").set_defaults(
         handler=_get_stacks)
 
-    reconcile = commands.add_parser("reconcile", parents=[stack_options],
-                                    help="run an object now and wait for the result")
-    reconcile_kinds = reconcile.add_subparsers(dest="action", required=True)
-    reconcile_stack = reconcile_kinds.add_parser(
-        "stack", parents=[stack_options],
-        help=f"set {stackctl.RECONCILE_REQUEST} and wait until the operator has answered it")
-    reconcile_stack.add_argument("name", help="the Stack's name")
-    reconcile_stack.add_argument("--timeout", default=argparse.SUPPRESS,
-                                 help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
-    reconcile_stack.set_defaults(handler=_reconcile_stack)
-
-    suspend = commands.add_parser("suspend", parents=[stack_options], help="run nothing more for an object")
-    suspend_kinds = suspend.add_subparsers(dest="action", required=True)
-    suspend_stack = suspend_kinds.add_parser("stack", parents=[stack_options],
-                                             help="set spec.suspend: no updates run until resumed")
-    suspend_stack.add_argument("name", help="the Stack's name")
-    suspend_stack.set_defaults(handler=_suspend_stack)
-
-    resume = commands.add_parser("resume", parents=[stack_options], help="run an object again and wait")
-    resume_kinds = resume.add_subparsers(dest="action", required=True)
-    resume_stack = resume_kinds.add_parser(
-        "stack", parents=[stack_options],
-        help="clear spec.suspend and wait until what changed meanwhile has run")
-    resume_stack.add_argument("name", help="the Stack's name")
-    resume_stack.add_argument("--timeout", default=argparse.SUPPRESS,
-                              help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
-    resume_stack.set_defaults(handler=_resume_stack)
-
-    approve = commands.add_parser("approve", parents=[stack_options], help="approve an object's saved plan")
-    approve_kinds = approve.add_subparsers(dest="action", required=True)
-    approve_stack = approve_kinds.add_parser(
-        "stack", parents=[stack_options],
-        help="approve the plan in status.plan (spec.approval.mode: Manual) and wait until it is applied")
-    approve_stack.add_argument("name", help="the Stack's name, or NAMESPACE/NAME")
-    approve_stack.add_argument("--timeout", default=argparse.SUPPRESS,
+    def stack_command(command: str, help_text: str, stack_help: str, handler, name_help: str = "the Stack's name",
+                      waits: bool = True) -> argparse.ArgumentParser:
+        """`strata COMMAND stack NAME`, as flux's `COMMAND KIND NAME`; with --timeout where it waits."""
+        kinds = commands.add_parser(command, parents=[stack_options], help=help_text).add_subparsers(
+            dest="action", required=True)
+        stack = kinds.add_parser("stack", parents=[stack_options], help=stack_help)
+        stack.add_argument("name", help=name_help)
+        if waits:
+            stack.add_argument("--timeout", default=argparse.SUPPRESS,
                                help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
-    approve_stack.set_defaults(handler=_approve_stack)
+        stack.set_defaults(handler=handler)
+        return stack
+
+    stack_command("reconcile", "run an object now and wait for the result",
+                  f"set {stackctl.RECONCILE_REQUEST} and wait until the operator has answered it", _reconcile_stack)
+    stack_command("suspend", "run nothing more for an object", "set spec.suspend: no updates run until resumed",
+                  _suspend_stack, waits=False)
+    stack_command("resume", "run an object again and wait",
+                  "clear spec.suspend and wait until what changed meanwhile has run", _resume_stack)
+    stack_command("approve", "approve an object's saved plan",
+                  "approve the plan in status.plan (spec.approval.mode: Manual) and wait until it is applied",
+                  _approve_stack, name_help="the Stack's name, or NAMESPACE/NAME")
 
     logs = commands.add_parser("logs", parents=[stack_options], help="an object's last engine output")
     logs_kinds = logs.add_subparsers(dest="action", required=True)

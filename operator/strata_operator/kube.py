@@ -139,13 +139,8 @@ class Kube:
         return namespace.status.phase == "Terminating"
 
     async def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
-        try:
-            secret = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_secret, name, namespace)
-        except ApiException as err:
-            if _absent(err):
-                return None
-            raise
-        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+        data = await self.secret_bytes(namespace, name)
+        return None if data is None else {key: value.decode() for key, value in data.items()}
 
     async def write_secret(self, namespace: str, name: str, data: dict[str, bytes], labels: dict[str, str],
                            owner: dict[str, Any]) -> None:
