@@ -184,7 +184,8 @@ def test_the_operator_can_do_nothing_more(applied):
     assert not can(kubeconfig, "create", "clusterroles", group="rbac.authorization.k8s.io")
     assert not can(kubeconfig, "create", "rolebindings", team, group="rbac.authorization.k8s.io")
     assert not can(kubeconfig, "list", "secrets", team)  # reads the Secrets a Stack names, never lists
-    assert not can(kubeconfig, "create", "secrets", team)
+    # It writes the Secrets it owns (approval plans, spec.outputsSecret) by name; it never deletes one.
+    assert not can(kubeconfig, "delete", "secrets", team)
     assert not can(kubeconfig, "create", "deployments", team, group="apps")
     assert not can(kubeconfig, "create", "pods", team, subresource="exec")
     assert not can(kubeconfig, "patch", "gitrepositories", team, group="source.toolkit.fluxcd.io")
