@@ -19,12 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
 from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
+from .outputs import (outputs_secret_conflict, outputs_secret_data, outputs_secret_manifest,
+                      secret_needs_write)
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
-                       plan_stack, prerequisites_verdict, suspended_verdict, terminating_namespace_message)
+                       plan_on_prerequisite_outputs, plan_stack, prerequisite_digests, prerequisites_verdict,
+                       suspended_verdict, terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
 from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
@@ -229,7 +233,7 @@ def _stack_dir(ctx: Context, namespace: str, name: str) -> Path:
 
 
 async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, project: Path, resolved: Resolved,
-                   run_dir: Path, message: str = "") -> UpdateRequest:
+                   run_dir: Path, message: str = "", real_outputs: bool = False) -> UpdateRequest:
     env = dict(resolved.env)
     if spec.service_account_name:
         minted = await ctx.kube.service_account_kubeconfig(namespace, spec.service_account_name)
@@ -248,7 +252,7 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
         secrets_provider=spec.secrets_provider, create=not spec.use_local_stack_only, refresh=spec.refresh,
         expect_no_refresh_changes=spec.expect_no_refresh_changes, targets=tuple(spec.targets),
         target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message,
-        run_program=spec.run_program)
+        run_program=spec.run_program, real_outputs=real_outputs)
 
 
 async def _recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
@@ -341,16 +345,18 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 
     plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
                       _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
+    others = {p.name: await ctx.kube.get_stack(session.namespace, p.name) for p in spec.prerequisites}
+    consumed = prerequisite_digests(spec.prerequisites, others)
+    plan = plan_on_prerequisite_outputs(spec, plan, session.status.get("lastUpdate"), consumed)
     if plan.run is None:
         await session.write(plan.verdict)
         return plan.requeue_after
 
     checks = []
     for prereq in spec.prerequisites:
-        check = check_prerequisite(prereq, await ctx.kube.get_stack(session.namespace, prereq.name), _now())
+        check = check_prerequisite(prereq, others[prereq.name], _now())
         if check.rerun_request:
-            other = await ctx.kube.get_stack(session.namespace, prereq.name) or {}
-            current = (other.get("metadata", {}).get("annotations") or {}).get(
+            current = ((others[prereq.name] or {}).get("metadata", {}).get("annotations") or {}).get(
                 "pulumi.com/reconciliation-request")
             if current != check.rerun_request:
                 await ctx.kube.annotate_stack(session.namespace, prereq.name,
@@ -361,15 +367,74 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         await session.write(blocked)
         return None
 
-    return await _run_update(session, spec, resolved, plan, revision, handle)
+    if plan.run == "up" and spec.outputs_secret is not None:
+        problem = await _outputs_secret_problem(session, spec.outputs_secret.name)
+        if problem is not None:
+            await session.stall(st.STALLED_OUTPUTS_SECRET, problem, st.EVENT_OUTPUT_FAILURE)
+            return RETRY_REFS_SECONDS
+
+    return await _run_update(session, spec, resolved, plan, revision, handle, consumed)
+
+
+def _is_prerequisite(session: StackSession) -> bool:
+    """Whether a live Stack in the namespace lists this one as a prerequisite (its secret outputs then
+    need real values for their digests)."""
+    return any(session.name in watched.prerequisites for (ns, name), watched in session.ctx.registry.stacks.items()
+               if ns == session.namespace and name != session.name)
+
+
+def _api_problem(secret_name: str, verb: str, err: ApiException) -> str:
+    if err.status == 403:
+        return (f"spec.outputsSecret.name: the operator may not {verb} Secret {secret_name!r} (HTTP 403): grant it "
+                "get, create and update on secrets (rbac/clusterrole.yaml)")
+    return f"spec.outputsSecret.name: {verb} Secret {secret_name!r} failed: HTTP {err.status} {err.reason}"
+
+
+async def _outputs_secret_problem(session: StackSession, secret_name: str) -> str | None:
+    """Before an update: why spec.outputsSecret could not receive its outputs (not this Stack's), or None."""
+    try:
+        existing = await session.ctx.kube.get_secret(session.namespace, secret_name)
+    except ApiException as err:
+        return _api_problem(secret_name, "read", err)
+    return outputs_secret_conflict(existing, session.name, session.meta.get("uid", ""), secret_name)
+
+
+async def _write_outputs_secret(session: StackSession, secret_name: str, result: UpdateResult) -> str | None:
+    """After a successful up: create or replace the outputs Secret when it differs; the problem, or None.
+    Nothing here puts a value into a message: API errors are reduced to their status and reason."""
+    if result.real_outputs is None:
+        return f"spec.outputsSecret: the update succeeded but {result.outputs_error or 'its outputs were not read'}"
+    kube, uid = session.ctx.kube, session.meta.get("uid", "")
+    data, skipped = outputs_secret_data(result.real_outputs)
+    verb = "read"
+    try:
+        existing = await kube.get_secret(session.namespace, secret_name)
+        conflict = outputs_secret_conflict(existing, session.name, uid, secret_name)
+        if conflict is not None:
+            return conflict
+        version = ((existing or {}).get("metadata") or {}).get("resourceVersion", "")
+        wanted = outputs_secret_manifest(session.namespace, secret_name, session.name, uid, data, version)
+        if secret_needs_write(existing, wanted):
+            verb = "create" if existing is None else "update"
+            if existing is None:
+                await kube.create_secret(session.namespace, wanted)
+            else:
+                await kube.replace_secret(session.namespace, secret_name, wanted)
+    except ApiException as err:
+        return _api_problem(secret_name, verb, err)
+    if skipped:
+        _event(session.body, st.EVENT_OUTPUT_FAILURE,
+               f"outputs {', '.join(repr(n) for n in skipped)} are not valid Secret keys (letters, digits, '-', '_', "
+               f"'.'): left out of Secret {secret_name!r}", warning=True)
+    return None
 
 
 async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
-                      handle: Any) -> float | None:
+                      handle: Any, consumed: dict[str, str] | None = None) -> float | None:
     ctx = session.ctx
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
-                       started=_now(), host=HOST)
+                       started=_now(), host=HOST, prerequisite_digests=tuple(sorted((consumed or {}).items())))
     stack_dir = _stack_dir(ctx, session.namespace, session.name)
     run_dir = stack_dir / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -381,7 +446,8 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             return float(session.resync_seconds(spec)) if spec.project_repo or spec.polled else None
         try:
             request = await _request(ctx, spec, session.namespace, session.name, project, resolved, run_dir,
-                                     plan.message)
+                                     plan.message, real_outputs=spec.outputs_secret is not None or
+                                     _is_prerequisite(session))
         except RefError as err:
             return await _wait_for_reference(session, err)
         _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message)
@@ -391,12 +457,23 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
         metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
         if result.ok:
-            fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
+            problem = None
+            if run.kind == "up" and spec.outputs_secret is not None:
+                problem = await _write_outputs_secret(session, spec.outputs_secret.name, result)
             fields["projectInfo"] = project_info(project)
             if run.kind == "up":
+                # What the engine's state now holds, whether or not the Secret could be written.
                 fields["outputs"] = st.outputs_for_status(result.outputs)
+                fields["outputDigests"] = result.output_digests or None
+                fields["outputsDigest"] = result.outputs_digest or None
                 _keep_last_successful(project, stack_dir / "last-successful")
-            _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
+            if problem is None:
+                fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
+                _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
+            else:
+                fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run,
+                                                        st.OUTPUTS_SECRET_FAILED, problem, result.permalink, _now())
+                _event(session.body, st.EVENT_OUTPUT_FAILURE, problem, warning=True)
         else:
             conflict = result.outcome == "conflict"
             reason = result.reason or {"conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(
