@@ -103,14 +103,18 @@ class UpdateResult:
         body = json.loads(text)
         outputs = {k: (v["value"], bool(v["secret"])) for k, v in body.get("outputs", {}).items()}
         real = body.get("real_outputs")
-        if real is not None:
-            for name, (_, secret) in outputs.items():
-                if secret and name in real:
-                    REDACTOR.add(*_secret_strings(real[name]))
+        register_secret_outputs(outputs, real)
         return cls(body["outcome"], redact(body.get("message", "")), outputs, body.get("permalink", ""),
                    body.get("summary", {}), duration, body.get("reason", ""), real,
                    redact(body.get("outputs_error", "")), dict(body.get("output_digests") or {}),
                    body.get("outputs_digest", ""))
+
+
+def register_secret_outputs(outputs: dict[str, tuple[Any, bool]], real: dict[str, Any] | None) -> None:
+    """Add the real values of the secret outputs to the REDACTOR (idempotent)."""
+    for name, (_, secret) in outputs.items():
+        if secret and real is not None and name in real:
+            REDACTOR.add(*_secret_strings(real[name]))
 
 
 def _secret_strings(value: Any) -> list[str]:

@@ -22,7 +22,8 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
-from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
+from .engine import (AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult,
+                     register_secret_outputs)
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
 from .outputs import (outputs_secret_conflict, outputs_secret_data, outputs_secret_manifest,
                       secret_needs_write)
@@ -387,7 +388,8 @@ def _api_problem(secret_name: str, verb: str, err: ApiException) -> str:
     if err.status == 403:
         return (f"spec.outputsSecret.name: the operator may not {verb} Secret {secret_name!r} (HTTP 403): grant it "
                 "get, create and update on secrets (rbac/clusterrole.yaml)")
-    return f"spec.outputsSecret.name: {verb} Secret {secret_name!r} failed: HTTP {err.status} {err.reason}"
+    # Only the status line, never the response body (which may quote what was sent), and redacted anyway.
+    return redact(f"spec.outputsSecret.name: {verb} Secret {secret_name!r} failed: HTTP {err.status} {err.reason}")
 
 
 async def _outputs_secret_problem(session: StackSession, secret_name: str) -> str | None:
@@ -404,6 +406,7 @@ async def _write_outputs_secret(session: StackSession, secret_name: str, result:
     Nothing here puts a value into a message: API errors are reduced to their status and reason."""
     if result.real_outputs is None:
         return f"spec.outputsSecret: the update succeeded but {result.outputs_error or 'its outputs were not read'}"
+    register_secret_outputs(result.outputs, result.real_outputs)
     kube, uid = session.ctx.kube, session.meta.get("uid", "")
     data, skipped = outputs_secret_data(result.real_outputs)
     verb = "read"
