@@ -38,6 +38,8 @@ def toolchain_figures(cold: list[str]) -> None:
         recorded = manifest.get("build_seconds")
         cold_text = f"{recorded:7.1f}s" if recorded else "not recorded"
         print(f"  {spec.key:32} cold {cold_text:>12}   warm {warm * 1000:7.1f} ms   {reason or 'cache hit'}")
+        if manifest.get("phases"):
+            print(f"  {'':32} {toolchain.format_phases('', manifest['phases']).strip().removeprefix(': ')}")
     for name in cold:
         with tempfile.TemporaryDirectory(prefix="strata-cold-") as scratch:
             env = {**os.environ, "STRATA_CACHE": scratch, "GOCACHE": f"{scratch}/go-build"}

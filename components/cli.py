@@ -115,6 +115,11 @@ def _resume_stack(args: argparse.Namespace) -> int:
     return stackctl.resume_stack(_cluster(args), args.namespace, args.name, timeout, args.output)
 
 
+def _approve_stack(args: argparse.Namespace) -> int:
+    timeout = stackctl.parse_duration(args.timeout)
+    return stackctl.approve_stack(_cluster(args), args.namespace, args.name, timeout, args.output)
+
+
 def _logs_stack(args: argparse.Namespace) -> int:
     state_dirs = [args.operator_state_dir] if args.operator_state_dir else stackctl.operator_state_dirs()
     return stackctl.stack_logs(_cluster(args), args.namespace, args.name, state_dirs, args.output)
@@ -245,6 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
                               help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
     resume_stack.set_defaults(handler=_resume_stack)
 
+    approve = commands.add_parser("approve", parents=[stack_options], help="approve an object's saved plan")
+    approve_kinds = approve.add_subparsers(dest="action", required=True)
+    approve_stack = approve_kinds.add_parser(
+        "stack", parents=[stack_options],
+        help="approve the plan in status.plan (spec.approval.mode: Manual) and wait until it is applied")
+    approve_stack.add_argument("name", help="the Stack's name, or NAMESPACE/NAME")
+    approve_stack.add_argument("--timeout", default=argparse.SUPPRESS,
+                               help="how long to wait: seconds or 90s, 5m, 1h (default: 5m)")
+    approve_stack.set_defaults(handler=_approve_stack)
+
     logs = commands.add_parser("logs", parents=[stack_options], help="an object's last engine output")
     logs_kinds = logs.add_subparsers(dest="action", required=True)
     logs_stack = logs_kinds.add_parser("stack", parents=[stack_options],
@@ -270,8 +285,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     # Group options are shared by the group and its actions, so their defaults are filled in here.
+    stack_commands = ("get", "reconcile", "suspend", "resume", "approve", "logs")
     defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS,
-                **dict.fromkeys(("get", "reconcile", "suspend", "resume", "logs"), STACK_DEFAULTS)}.get(args.command, {})
+                **dict.fromkeys(stack_commands, STACK_DEFAULTS)}.get(args.command, {})
     for key, value in defaults.items():
         if not hasattr(args, key):
             setattr(args, key, value)

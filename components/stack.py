@@ -108,6 +108,18 @@ class OutputsSecret(TypedDict):
     """Name of the Secret (in the Stack's namespace) that receives the outputs."""
 
 
+class Approval(TypedDict):
+    mode: str
+    """Auto (PKO's behaviour) or Manual: preview and save a plan on every change, apply it once approved."""
+
+
+class DriftDetection(TypedDict):
+    interval: NotRequired[str]
+    """How often a refresh preview looks for changes made outside Pulumi (Go duration, default 1h)."""
+    remediate: NotRequired[bool]
+    """Run an update that refreshes first when drift is found."""
+
+
 class StackSpec(TypedDict):
     stack: str
     """Fully qualified stack name (e.g. organization/project/dev)."""
@@ -167,6 +179,10 @@ class StackSpec(TypedDict):
     """Run the update with a token of this ServiceAccount (least privilege per Stack)."""
     preview: NotRequired[bool]
     """Only preview, never update."""
+    approval: NotRequired[Approval]
+    """Manual approval of the exact plan (`strata approve stack NAME`)."""
+    drift_detection: NotRequired[DriftDetection]
+    """Look for drift on a schedule, and optionally remediate it."""
     suspend: NotRequired[bool]
     """Run nothing while true (Flux's convention); false again runs what changed meanwhile."""
     outputs_secret: NotRequired[OutputsSecret]

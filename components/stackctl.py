@@ -1,5 +1,5 @@
-"""`strata get|reconcile|suspend|resume|logs stack(s)`: daily operation of pulumi.com/v1 Stacks, the way
-`flux get`, `flux reconcile`, `flux suspend`, `flux resume` and `flux logs` work for Flux's objects.
+"""`strata get|reconcile|suspend|resume|approve|logs stack(s)`: daily operation of pulumi.com/v1 Stacks, the
+way `flux get`, `flux reconcile`, `flux suspend`, `flux resume` and `flux logs` work for Flux's objects.
 
 The deciding and formatting is pure (rows, ages, durations, the reconcile verdict) and unit-tested
 alone; the rest reads the kubeconfig like kubectl (`--kubeconfig`, else $KUBECONFIG, else
@@ -25,6 +25,8 @@ UPDATE_LOG = "last-update.json"
 KSTATUS = ("Ready", "Stalled", "Reconciling")
 # The Ready reason of a suspended Stack (strata_operator.status.SUSPENDED).
 SUSPENDED = "Suspended"
+# The annotation that approves a saved plan (strata_operator.approval.APPROVE_ANNOTATION).
+APPROVE = "strata.dev/approve"
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
 
@@ -159,6 +161,25 @@ def resume_verdict(stack: Mapping[str, Any], generation: int) -> ReconcileVerdic
     return _settled(stack, lambda last: int(last.get("generation") or 0) >= generation)
 
 
+def approve_verdict(stack: Mapping[str, Any], digest: str) -> ReconcileVerdict:
+    """Where a Stack stands after plan `digest` was approved: done once an update applied that plan
+    (lastUpdate.plan), or once another plan replaced it (the approved one was stale: never applied)."""
+    status = stack.get("status") or {}
+    last = status.get("lastUpdate") or {}
+    if last.get("plan") == digest and not status.get("currentUpdate"):
+        if last.get("state") == "succeeded":
+            return ReconcileVerdict(True, True, "PlanApplied", f"plan {digest} applied")
+        return ReconcileVerdict(True, False, last.get("reason", "UpdateFailed"), last.get("message", ""))
+    saved = status.get("plan") or {}
+    if saved.get("digest") and saved["digest"] != digest:
+        ready = conditions(stack).get("Reconciling") or {}
+        return ReconcileVerdict(True, False, "PlanReplaced",
+                                f"plan {digest} was replaced before it was applied: {ready.get('message', '')}")
+    current = next((c for c in conditions(stack).values() if c.get("status") == "True"), {})
+    return ReconcileVerdict(False, False, current.get("reason", "Requested"),
+                            current.get("message", "waiting for the operator to apply the plan"))
+
+
 def _settled(stack: Mapping[str, Any], answers: Callable[[Mapping[str, Any]], bool]) -> ReconcileVerdict:
     """The verdict of a Stack whose operator has seen what was asked; `answers(lastUpdate)`: that run was for it."""
     status = stack.get("status") or {}
@@ -269,6 +290,10 @@ class Cluster:
         return self._call(f"patching Stack {namespace}/{name}", self.custom.patch_namespaced_custom_object,
                           GROUP, VERSION, namespace, PLURAL, name, {"spec": {"suspend": suspend}})
 
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._call(f"annotating Stack {namespace}/{name}", self.custom.patch_namespaced_custom_object,
+                   GROUP, VERSION, namespace, PLURAL, name, {"metadata": {"annotations": annotations}})
+
     def request_reconcile(self, namespace: str, name: str, request: str) -> None:
         self._call(f"annotating Stack {namespace}/{name}", self.custom.patch_namespaced_custom_object,
                    GROUP, VERSION, namespace, PLURAL, name,
@@ -318,6 +343,27 @@ def reconcile_stack(cluster: Cluster, namespace: str | None, name: str, timeout:
     cluster.request_reconcile(namespace, name, request)
     return _follow(cluster, namespace, name, lambda stack: reconcile_verdict(stack, request), timeout, output,
                    {"request": request}, interval)
+
+
+def approve_stack(cluster: Cluster, namespace: str | None, name: str, timeout: float, output: str,
+                  interval: float = 1.0) -> int:
+    """Approve the plan the Stack shows (status.plan) and follow it until that plan is applied."""
+    if "/" in name:  # `strata approve stack NAMESPACE/STACK`
+        namespace, name = name.split("/", 1)
+    namespace = namespace or cluster.namespace
+    stack = cluster.get_stack(namespace, name)
+    saved = (stack.get("status") or {}).get("plan") or {}
+    if not saved.get("digest"):
+        mode = ((stack.get("spec") or {}).get("approval") or {}).get("mode", "Auto")
+        raise StackCtlError(f"Stack {namespace}/{name} has no plan awaiting approval" + (
+            "" if mode == "Manual" else " (its spec.approval.mode is not Manual: its updates need none)"))
+    digest = saved["digest"]
+    changes = ", ".join(f"{op} {n}" for op, n in sorted((saved.get("changes") or {}).items()) if op != "same" and n)
+    _say(f"► approving plan {digest} of Stack {namespace}/{name} ({changes or 'no changes'}; made from "
+         f"{saved.get('revision') or 'generation ' + str(saved.get('generation'))})")
+    cluster.annotate(namespace, name, {APPROVE: digest})
+    return _follow(cluster, namespace, name, lambda stack: approve_verdict(stack, digest), timeout, output,
+                   {"plan": digest}, interval)
 
 
 def suspend_stack(cluster: Cluster, namespace: str | None, name: str, output: str) -> int:

@@ -68,6 +68,10 @@ class UpdateRequest:
     # up: read the outputs' real values (one `stack output --show-secrets` when some are secret), for
     # spec.outputsSecret and for the digests of secret outputs that dependents compare.
     real_outputs: bool = False
+    # Manual approval: preview saves its plan here; up applies exactly the plan found here.
+    plan_file: str = ""
+    # Drift detection: refresh only previews (what changed outside Pulumi), writing nothing.
+    preview_only: bool = False
     # For `recover`: the interrupted run's host and start time (seconds since the epoch).
     interrupted_host: str = ""
     interrupted_since: float = 0.0

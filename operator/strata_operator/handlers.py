@@ -22,16 +22,20 @@ import kopf
 from kubernetes.client.rest import ApiException
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
+from .approval import (APPROVE_ANNOTATION, EVENT_PLAN_READY, EVENT_PLAN_REFUSED, PLAN_LABEL, PLAN_REFUSED,
+                       PlanIdentity, approval_gate, awaiting_message, inputs_digest, plan_chunks, plan_digest,
+                       plan_refused, plan_secret_name, plan_status)
 from .engine import (AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult,
                      register_secret_outputs)
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
 from .outputs import (outputs_secret_conflict, outputs_secret_data, outputs_secret_manifest,
                       secret_needs_write)
-from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, plan_finalize,
-                       plan_on_prerequisite_outputs, plan_stack, prerequisite_digests, prerequisites_verdict,
-                       suspended_verdict, terminating_namespace_message)
+from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, drift_check_due,
+                       drift_status, plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
+                       prerequisites_verdict, suspended_verdict, terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
+from .rollout import RolloutStack, parse_waves, rollout_gate, rollout_progress
 from .sources import (SourceError, SourceNotReady, download_artifact, flux_artifact, git_branch_head, git_checkout,
                       program_revision, program_status, project_info, safe_extract, subdir,
                       write_program_project)
@@ -68,12 +72,16 @@ class Watched:
     # What of the Stack's own object the last pass planned on (see `intent`): an event that changes
     # none of it (our own status writes) needs no pass.
     seen: tuple[Any, ...] = ()
+    # Waiting for earlier waves of its Program's rollout: woken whenever a Stack of that Program changes.
+    rollout_waiting: bool = False
 
 
 def intent(body: Any) -> tuple[Any, ...]:
-    """What of a Stack object can call for a run: its spec (generation) and the reconcile requests."""
+    """What of a Stack object can call for a run: its spec (generation), the reconcile requests and an
+    approval."""
     meta = body.get("metadata", {})
-    return meta.get("generation"), Requests.of(meta.get("annotations"), None)
+    annotations = meta.get("annotations") or {}
+    return meta.get("generation"), Requests.of(annotations, None), annotations.get(APPROVE_ANNOTATION, "")
 
 
 class Registry:
@@ -126,6 +134,8 @@ class StackSession:
                 del pending[field]
         self.status.update(pending)
         self.requests = Requests.of(self.meta.get("annotations"), self.status)
+        # What this pass found of its prerequisites' outputs (name -> digest); a run records it in lastUpdate.
+        self.consumed: dict[str, str] = {}
 
     def resync_seconds(self, spec: StackSpec) -> int:
         return spec.resync_seconds(self.ctx.settings.min_resync_seconds)
@@ -138,7 +148,8 @@ class StackSession:
     def watched(self) -> Watched:
         return self.ctx.registry.stacks.setdefault((self.namespace, self.name), Watched())
 
-    async def write(self, verdict: st.Verdict | None = None, **fields: Any) -> None:
+    async def write(self, verdict: st.Verdict | None = None, drifted: tuple[bool, str] | None = None,
+                    **fields: Any) -> None:
         """Patch status only when it changes, so idle Stacks cause no writes (and no wakeups).
 
         observedGeneration and observedReconcileRequest say which spec and request the conditions
@@ -151,6 +162,9 @@ class StackSession:
             failing = verdict.phase == "stalled" or verdict.reason in (st.RECONCILING_RETRY,
                                                                        st.RECONCILING_PREVIEW_FAILED)
             metrics.mark_failing(self.namespace, self.name, failing)
+        if drifted is not None:
+            patch["conditions"] = st.with_drifted(patch.get("conditions", self.status.get("conditions")), *drifted,
+                                                  self.generation, _now())
         changed = {k: v for k, v in patch.items() if self.status.get(k) != v}
         if "conditions" in changed and not _conditions_differ(self.status.get("conditions"), patch["conditions"]):
             del changed["conditions"]
@@ -349,9 +363,23 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     others = {p.name: await ctx.kube.get_stack(session.namespace, p.name) for p in spec.prerequisites}
     consumed = prerequisite_digests(spec.prerequisites, others)
     plan = plan_on_prerequisite_outputs(spec, plan, session.status.get("lastUpdate"), consumed)
+    session.consumed = consumed
     if plan.run is None:
+        due, next_check = drift_check_due(spec, session.status.get("lastUpdate"), session.status.get("drift"), _now(),
+                                          ctx.settings.min_resync_seconds)
+        if due:
+            return await _check_drift(session, spec, resolved, plan, revision, handle)
         await session.write(plan.verdict)
-        return plan.requeue_after
+        return _sooner(plan.requeue_after, next_check)
+
+    waves = parse_waves(handle) if spec.source_kind == "program" else None
+    watched.rollout_waiting = False
+    if waves and (session.status.get("lastUpdate") or {}).get("lastSuccessfulCommit") != revision:
+        held = await _rollout_gate(session, handle, waves, revision)
+        if held is not None:
+            watched.rollout_waiting = True
+            await session.write(held)
+            return None
 
     checks = []
     for prereq in spec.prerequisites:
@@ -374,7 +402,9 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
             await session.stall(st.STALLED_OUTPUTS_SECRET, problem, st.EVENT_OUTPUT_FAILURE)
             return RETRY_REFS_SECONDS
 
-    return await _run_update(session, spec, resolved, plan, revision, handle, consumed)
+    if spec.manual_approval and plan.run == "up":
+        return await _gated_update(session, spec, resolved, plan, revision, handle)
+    return await _run_update(session, spec, resolved, plan, revision, handle)
 
 
 def _is_prerequisite(session: StackSession) -> bool:
@@ -432,12 +462,183 @@ async def _write_outputs_secret(session: StackSession, secret_name: str, result:
     return None
 
 
+async def _check_drift(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                       handle: Any) -> float | None:
+    """A refresh preview of a Stack with nothing to run: status.drift, the Drifted condition, an Event
+    and the metric; with remediate, an update that refreshes first when something drifted."""
+    ctx, body = session.ctx, session.body
+    work = _stack_dir(ctx, session.namespace, session.name) / "runs" / f"drift-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        project = await _materialise(spec, handle, work / "src", resolved)
+        request = await _request(ctx, spec, session.namespace, session.name, project, resolved, work, "drift check")
+        result = await ctx.engine.refresh(dataclasses.replace(request, preview_only=True))
+    except (SourceError, SpecInvalid, RefError) as err:
+        result = UpdateResult("failed", str(err))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    metrics.DRIFT_CHECKS.labels(result.outcome).inc()
+    now = _now()
+    before = session.status.get("drift") or {}
+    # A check that failed tells nothing new about drift: what the last one found stands.
+    drift = drift_status(result.summary, st.rfc3339(now)) if result.ok else {
+        **before, "checkedAt": st.rfc3339(now), "error": result.message}
+    drift.setdefault("drifted", False)
+    remediate = bool(spec.drift_detection and spec.drift_detection.remediate)
+    found = f"{st.changes_text(drift.get('changes') or {})} outside Pulumi, found by a refresh preview at " \
+            f"{drift['checkedAt']}"
+    if drift["drifted"] and (not before.get("drifted") or before.get("changes") != drift["changes"]):
+        _event(body, st.DRIFT_DETECTED, found + ("; remediating with an update" if remediate else ""), warning=True)
+    elif before.get("drifted") and not drift["drifted"] and result.ok:
+        _event(body, "DriftResolved", "the refresh preview finds no change made outside Pulumi any more")
+    elif not result.ok and before.get("error") != result.message:
+        _event(body, "DriftCheckFailed", f"drift check failed: {result.message}", warning=True)
+    metrics.mark_drifted(session.namespace, session.name, drift["drifted"])
+    advice = "remediating with an update that refreshes first" if remediate else \
+        "run an update with refresh (a reconcile request with spec.refresh) or set spec.driftDetection.remediate"
+    await session.write(plan.verdict, drifted=(drift["drifted"], f"{found}; {advice}") if result.ok else None,
+                        drift=drift)
+    if drift["drifted"] and remediate:
+        return await _run_update(session, spec.model_copy(update={"refresh": True}), resolved,
+                                 Plan("up", f"Drift detected ({st.changes_text(drift['changes'])}): remediating"),
+                                 revision, handle)
+    _, next_check = drift_check_due(spec, session.status.get("lastUpdate"), drift, now,
+                                    ctx.settings.min_resync_seconds)
+    return _sooner(plan.requeue_after, next_check)
+
+
+def _sooner(*delays: float | None) -> float | None:
+    """The soonest of the passes asked for (at least a second away), or None: only when woken."""
+    waits = [delay for delay in delays if delay is not None]
+    return max(1.0, min(waits)) if waits else None
+
+
+async def _rollout_stacks(session: StackSession, program: dict[str, Any]) -> list[RolloutStack]:
+    """The Stacks of this namespace whose source is this Program."""
+    name = program["metadata"]["name"]
+    found = []
+    for other in await session.ctx.kube.list_stacks(session.namespace):
+        spec = other.get("spec") or {}
+        if (spec.get("programRef") or {}).get("name") == name and not spec.get("projectRepo") \
+                and not spec.get("fluxSource"):
+            found.append(RolloutStack(other["metadata"]["name"], other["metadata"].get("labels") or {},
+                                      (other.get("status") or {}).get("lastUpdate") or {}))
+    return found
+
+
+async def _rollout_gate(session: StackSession, program: dict[str, Any], waves, revision: str) -> st.Verdict | None:
+    """Whether this Stack's wave may run `revision` yet; the Program's progress is brought up to date."""
+    stacks = await _rollout_stacks(session, program)
+    await _write_rollout_progress(session, program, waves, stacks, revision)
+    return rollout_gate(waves, stacks, session.name, revision)
+
+
+async def _write_rollout_progress(session: StackSession, program: dict[str, Any], waves, stacks: list[RolloutStack],
+                                  revision: str) -> None:
+    progress = rollout_progress(waves, stacks, revision)
+    before = (program.get("status") or {}).get("rollout")
+    if progress != before:
+        await session.ctx.kube.patch_program_status(session.namespace, program["metadata"]["name"],
+                                                    {"rollout": st.merge_patch(before, progress)})
+        program.setdefault("status", {})["rollout"] = progress
+
+
+@dataclasses.dataclass(frozen=True)
+class _Approval:
+    """How a run of a Stack with manual approval goes: save a plan made from `identity`, or apply the
+    approved plan `digest` whose bytes are `plan`."""
+
+    identity: PlanIdentity | None = None
+    digest: str = ""
+    plan: bytes = b""
+
+
+async def _saved_plan(session: StackSession) -> tuple[bytes, str] | None:
+    """(plan, inputs digest) from the Stack's plan Secrets, or None when any is gone or does not hold
+    exactly the plan `status.plan` names."""
+    saved = session.status.get("plan") or {}
+    if not saved.get("digest"):
+        return None
+    parts = []
+    for index in range(int(saved.get("secrets") or 1)):
+        data = await session.ctx.kube.secret_bytes(session.namespace, plan_secret_name(session.name, index))
+        if data is None:
+            return None
+        parts.append(data)
+    plan = b"".join(part.get("plan", b"") for part in parts)
+    if plan_digest(plan) != saved["digest"]:
+        return None
+    return plan, parts[0].get("inputs", b"").decode()
+
+
+async def _empty_plan_secrets(session: StackSession, first: int, end: int) -> None:
+    """A used or replaced plan is emptied, not deleted (the operator may not delete Secrets); the
+    Secrets go with the Stack, which owns them."""
+    owner = _owner(session)
+    for index in range(first, end):
+        await session.ctx.kube.write_secret(session.namespace, plan_secret_name(session.name, index), {},
+                                            {PLAN_LABEL: session.name}, owner)
+
+
+async def _drop_plan(session: StackSession) -> None:
+    await _empty_plan_secrets(session, 0, int((session.status.get("plan") or {}).get("secrets") or 0))
+
+
+def _owner(session: StackSession) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "name": session.name,
+            "uid": session.meta.get("uid", ""), "controller": True}
+
+
+async def _gated_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                        handle: Any) -> float | None:
+    """spec.approval Manual: preview and keep a plan, wait for its approval, then apply exactly it."""
+    stored = await _saved_plan(session)
+    identity = PlanIdentity(session.generation, revision, session.requests.pulumi,
+                            inputs_digest(resolved.config, resolved.secret_config, resolved.env))
+    last = session.status.get("lastUpdate") or {}
+    refused = last.get("message", "") if last.get("reason") == PLAN_REFUSED else ""
+    gate = approval_gate(session.status.get("plan"), stored[1] if stored else None, identity,
+                         (session.meta.get("annotations") or {}).get(APPROVE_ANNOTATION, ""),
+                         session.namespace, session.name, refused)
+    if gate.action == "wait":
+        await session.write(gate.verdict)
+        return None
+    if gate.action == "apply" and stored is not None:
+        return await _run_update(session, spec, resolved, dataclasses.replace(plan, message=gate.message), revision,
+                                 handle, _Approval(digest=session.status["plan"]["digest"], plan=stored[0]))
+    return await _run_update(session, spec, resolved, dataclasses.replace(plan, run="preview", message=gate.message),
+                             revision, handle, _Approval(identity=identity))
+
+
+async def _keep_plan(session: StackSession, plan: bytes, summary: dict[str, int],
+                     identity: PlanIdentity) -> float | None:
+    """Store a saved plan in Secrets the Stack owns, show it in status.plan and wait for its approval
+    (a plan that changes nothing is applied on the next pass without one)."""
+    chunks = plan_chunks(plan)
+    digest = plan_digest(plan)
+    for index, chunk in enumerate(chunks):
+        extra = {"digest": digest.encode(), "inputs": identity.inputs.encode()} if index == 0 else {}
+        await session.ctx.kube.write_secret(session.namespace, plan_secret_name(session.name, index),
+                                            {"plan": chunk, **extra}, {PLAN_LABEL: session.name}, _owner(session))
+    await _empty_plan_secrets(session, len(chunks), int((session.status.get("plan") or {}).get("secrets") or 0))
+    saved = plan_status(identity, digest, summary, len(chunks), st.rfc3339(_now()))
+    if not st.has_changes(summary):
+        await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "applying a plan with no changes"),
+                            plan=saved, currentUpdate=None)
+        return 0.0
+    message = awaiting_message(saved, session.namespace, session.name)
+    _event(session.body, EVENT_PLAN_READY, message)
+    await session.write(approval_gate(saved, identity.inputs, identity, "", session.namespace, session.name).verdict,
+                        plan=saved, currentUpdate=None)
+    return None
+
+
 async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
-                      handle: Any, consumed: dict[str, str] | None = None) -> float | None:
+                      handle: Any, approval: _Approval | None = None) -> float | None:
     ctx = session.ctx
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
-                       started=_now(), host=HOST, prerequisite_digests=tuple(sorted((consumed or {}).items())))
+                       started=_now(), host=HOST, prerequisite_digests=tuple(sorted(session.consumed.items())))
     stack_dir = _stack_dir(ctx, session.namespace, session.name)
     run_dir = stack_dir / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -453,11 +654,18 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                                      _is_prerequisite(session))
         except RefError as err:
             return await _wait_for_reference(session, err)
+        plan_file = run_dir / "plan.json"
+        if approval is not None:
+            if approval.digest:
+                plan_file.write_bytes(approval.plan)
+            request = dataclasses.replace(request, plan_file=str(plan_file))
         _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message)
         await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
                             currentUpdate=st.current_update(run))
         result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request))
         metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
+        if approval is not None and approval.identity is not None and result.ok:
+            return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
         if result.ok:
             problem = None
@@ -470,6 +678,13 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                 fields["outputDigests"] = result.output_digests or None
                 fields["outputsDigest"] = result.outputs_digest or None
                 _keep_last_successful(project, stack_dir / "last-successful")
+                if session.status.get("plan"):  # applied, or no longer wanted (approval turned off)
+                    await _drop_plan(session)
+                    fields["plan"] = None
+                if request.refresh and (session.status.get("drift") or {}).get("drifted"):
+                    # The update refreshed first: whatever drifted is Pulumi's again.
+                    fields["drift"] = drift_status({}, st.rfc3339(_now()))
+                    metrics.mark_drifted(session.namespace, session.name, False)
             if problem is None:
                 fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
                 _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
@@ -479,20 +694,38 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                 _event(session.body, st.EVENT_OUTPUT_FAILURE, problem, warning=True)
         else:
             conflict = result.outcome == "conflict"
-            reason = result.reason or {"conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(
-                result.outcome, st.STALLED_UPDATE_FAILED)
+            refused = approval is not None and bool(approval.digest) and plan_refused(result.message)
+            reason = PLAN_REFUSED if refused else result.reason or {
+                "conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(result.outcome,
+                                                                                   st.STALLED_UPDATE_FAILED)
             fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, result.message,
                                                     result.permalink, _now())
+            if refused:
+                # Never applied again: the next pass previews a new plan, which needs a new approval.
+                await _drop_plan(session)
+                fields["plan"] = None
+                _event(session.body, EVENT_PLAN_REFUSED, f"The engine refused the approved plan {approval.digest}: "
+                       f"{result.message}", warning=True)
             _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
                    f"Failed to update stack: {result.message}", warning=True)
+        if approval is not None and approval.digest:
+            fields["lastUpdate"]["plan"] = approval.digest
         # Planned as the status now stands: this run answered the Flux request (lastHandledReconcileAt).
         after = plan_stack(spec, session.generation, session.requests.answered(), fields["lastUpdate"], revision,
                            _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
         # The run just recorded answers the plan; if planning wants another run now (e.g. the cooldown is 0)
         # come back immediately rather than writing a misleading verdict.
         await session.write(after.verdict or st.Verdict("reconciling", st.RECONCILING_PROCESSING, after.message),
-                            **fields)
-        return 0.0 if after.run else after.requeue_after
+                            drifted=(False, "") if "drift" in fields else None, **fields)
+        waves = parse_waves(handle) if spec.source_kind == "program" else None
+        if waves:  # this run moved the Program's rollout on: say so on the Program
+            program = await ctx.kube.get_program(session.namespace, handle["metadata"]["name"]) or handle
+            await _write_rollout_progress(session, program, waves, await _rollout_stacks(session, program), revision)
+        if after.run:
+            return 0.0
+        _, next_check = drift_check_due(spec, fields["lastUpdate"], fields.get("drift", session.status.get("drift")),
+                                        _now(), ctx.settings.min_resync_seconds)
+        return _sooner(after.requeue_after, next_check)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -567,6 +800,9 @@ def stack_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, *
     registry: Registry = memo.ctx.registry
     registry.wake(namespace, name, body)
     registry.wake_where(namespace, lambda w: name in w.prerequisites)
+    program = ((body.get("spec") or {}).get("programRef") or {}).get("name")
+    if program:  # a Stack of a later wave may now go
+        registry.wake_where(namespace, lambda w: w.rollout_waiting and w.program == program)
 
 
 @kopf.on.event(GROUP, VERSION, "programs")

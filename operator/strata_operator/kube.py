@@ -67,6 +67,11 @@ class Kube:
     async def get_stack(self, namespace: str, name: str) -> dict | None:
         return await self.get_custom(GROUP, VERSION, "stacks", namespace, name)
 
+    async def list_stacks(self, namespace: str) -> list[dict]:
+        listed = await self._call(kubernetes.client.CustomObjectsApi(self.api).list_namespaced_custom_object,
+                                  GROUP, VERSION, namespace, "stacks")
+        return listed.get("items", [])
+
     async def get_flux_source(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         version = api_version.split("/", 1)[1]
         # Any other Flux source kind follows the Kubernetes convention: HelmChart -> helmcharts.
@@ -141,6 +146,29 @@ class Kube:
                 return None
             raise
         return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+    async def write_secret(self, namespace: str, name: str, data: dict[str, bytes], labels: dict[str, str],
+                           owner: dict[str, Any]) -> None:
+        """Create the Secret, or replace it whole when it exists (it is ours: owned by `owner`)."""
+        body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
+                "data": {key: base64.b64encode(value).decode() for key, value in data.items()}}
+        core = kubernetes.client.CoreV1Api(self.api)
+        try:
+            await self._call(core.create_namespaced_secret, namespace, body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+            await self._call(core.replace_namespaced_secret, name, namespace, body)
+
+    async def secret_bytes(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        try:
+            secret = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_secret, name, namespace)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         """The whole Secret as a dict (metadata, type, base64 data), or None if there is none."""

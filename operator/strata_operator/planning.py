@@ -14,13 +14,14 @@ from datetime import datetime
 from typing import Any, Literal
 
 from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
+from .approval import PLAN_REFUSED
 from .backoff import cooldown_seconds
 from .outputs import combine_digests
 from .spec import MIN_RESYNC_SECONDS, Prerequisite, StackSpec, parse_duration
 from .status import (FAILED, RECONCILING_PREREQUISITE, SUSPENDED, RECONCILING_PREVIEW_FAILED, RECONCILING_RETRY,
                      PULUMI_VERSION_TOO_LOW, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_BLOCKED,
                      UPDATE_INTERRUPTED,
-                     WORKSPACE_FAILED, Verdict, parse_time)
+                     WORKSPACE_FAILED, Verdict, has_changes, parse_time)
 
 DEFAULT_STALL_AFTER_FAILURES = 5
 
@@ -102,6 +103,9 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         message = last.get("message", "") or "update failed"
         if last.get("reason") == UPDATE_INTERRUPTED:
             return Plan(kind, "Resuming the update interrupted by an operator restart")
+        if last.get("reason") == PLAN_REFUSED:
+            # Nothing was applied, and only a new approval can apply anything: no backoff to wait out.
+            return Plan(kind, "The engine refused the approved plan: previewing a new one")
         if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW):
             stalled_reason = PULUMI_VERSION_TOO_LOW if last.get("reason") == PULUMI_VERSION_TOO_LOW \
                 else STALLED_UPDATE_FAILED
@@ -132,6 +136,29 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
 
     # An unknown state (hand-edited status): run, rather than sit silently.
     return Plan(kind, f"Unrecognised last update state {last.get('state')!r}")
+
+
+def drift_check_due(spec: StackSpec, last: dict[str, Any] | None, drift: dict[str, Any] | None, now: datetime,
+                    floor: int = MIN_RESYNC_SECONDS) -> tuple[bool, float | None]:
+    """(whether to look for drift now, seconds until the next look) for a Stack with nothing to run.
+
+    Only a Stack whose last update succeeded is checked: drift is a difference from what it applied.
+    The interval counts from the last check, or the last update (which refreshed or created the state).
+    """
+    if spec.drift_detection is None or not last or last.get("state") != SUCCEEDED:
+        return False, None
+    interval = max(parse_duration(spec.drift_detection.interval), float(floor))
+    checked = (drift or {}).get("checkedAt") or ""
+    since = min(_elapsed(checked, now), _elapsed(last.get("lastResyncTime"), now))
+    if since >= interval:
+        return True, interval
+    return False, interval - since
+
+
+def drift_status(summary: dict[str, int], checked_at: str) -> dict[str, Any]:
+    """`status.drift`: when the last check ran, and what it found changed outside Pulumi."""
+    return {"checkedAt": checked_at, "drifted": has_changes(summary),
+            "changes": {op: n for op, n in sorted(summary.items()) if op != "same" and n}}
 
 
 def suspended_verdict(last: dict[str, Any] | None) -> Verdict:

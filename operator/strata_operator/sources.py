@@ -11,8 +11,10 @@ first exchanged at GitHub's API for a short-lived installation token.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import hashlib
+import http.client
 import json
 import os
 import posixpath
@@ -22,6 +24,7 @@ import tarfile
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,8 @@ def program_status(program: dict[str, Any], previous: dict[str, Any] | None, now
     if all(before.get(k) == artifact[k] for k in ("path", "revision", "digest")):
         artifact["lastUpdateTime"] = before.get("lastUpdateTime", now)  # unchanged: keep its time, write nothing
     status["artifact"] = artifact
+    if (previous or {}).get("rollout"):
+        status["rollout"] = previous["rollout"]  # the Stacks' to write (rollout.rollout_progress)
     return status
 
 
@@ -320,6 +325,14 @@ def flux_artifact(source: dict[str, Any]) -> FluxArtifact:
     return FluxArtifact(artifact["url"], artifact.get("revision", ""), digest)
 
 
+def _register_url_credentials(url: str) -> None:
+    """Credentials in a URL's userinfo are secrets: masked inside the URL by the redactor's pattern, but
+    errors also quote them apart from it (urllib: "nonnumeric port: 'PASSWORD@host'")."""
+    with contextlib.suppress(ValueError):
+        parts = urllib.parse.urlsplit(url)
+        REDACTOR.add(parts.password)
+
+
 def download_artifact(artifact: FluxArtifact, dest_file: Path, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
                       timeout: float = DEFAULT_FETCH_TIMEOUT) -> None:
     """Stream the artifact to `dest_file`, refusing more than `max_bytes`, and verify its digest."""
@@ -328,6 +341,7 @@ def download_artifact(artifact: FluxArtifact, dest_file: Path, max_bytes: int = 
         raise SourceError(f"unsupported artifact digest {artifact.digest!r}; expected one of {DIGEST_ALGORITHMS}")
     hasher = hashlib.new(algorithm)
     size = 0
+    _register_url_credentials(artifact.url)
     try:
         with urllib.request.urlopen(artifact.url, timeout=timeout) as response, dest_file.open("wb") as out:
             while chunk := response.read(1 << 16):
@@ -336,7 +350,8 @@ def download_artifact(artifact: FluxArtifact, dest_file: Path, max_bytes: int = 
                     raise UnsafeArchive(f"artifact is larger than the {max_bytes} byte limit")
                 hasher.update(chunk)
                 out.write(chunk)
-    except OSError as err:
+    # HTTPException: a URL or an answer http.client cannot use (InvalidURL, BadStatusLine, IncompleteRead).
+    except (OSError, ValueError, http.client.HTTPException) as err:
         raise SourceError(f"artifact download from {artifact.url} failed: {err}") from None
     if hasher.hexdigest() != expected.lower():
         raise SourceError(f"artifact digest mismatch: expected {artifact.digest}, got {algorithm}:{hasher.hexdigest()}")

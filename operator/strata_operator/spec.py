@@ -146,6 +146,20 @@ class OutputsSecret(_Model):
     name: str
 
 
+class Approval(_Model):
+    """Strata: `Manual` previews and saves a plan on every change and applies it only once approved."""
+
+    mode: Literal["Auto", "Manual"] = "Auto"
+
+
+class DriftDetection(_Model):
+    """Strata: a refresh preview every `interval` finds changes made outside Pulumi; `remediate` runs an
+    update (with refresh) when it finds some."""
+
+    interval: str = "1h"
+    remediate: bool = False
+
+
 class StackSpec(_Model):
     """`Stack.spec`: PKO v1 fields plus the v2 fields Strata honours or accepts."""
 
@@ -192,6 +206,9 @@ class StackSpec(_Model):
     suspend: bool = False
     # Strata: write every output (secret ones with their real values) into this Secret after each update.
     outputs_secret: OutputsSecret | None = Field(default=None, alias="outputsSecret")
+    # Strata: approve exactly the plan a preview saved (approval.py).
+    approval: Approval | None = None
+    drift_detection: DriftDetection | None = Field(default=None, alias="driftDetection")
     service_account_name: str = Field(default="", alias="serviceAccountName")
     # accepted, not applicable (see NOT_APPLICABLE_FIELDS)
     workspace_template: dict[str, Any] | None = Field(default=None, alias="workspaceTemplate")
@@ -221,6 +238,10 @@ class StackSpec(_Model):
         if self.source_kind == "flux" and self.flux_source is not None:
             return self.flux_source.source_ref.kind not in WATCHED_FLUX_KINDS
         return False
+
+    @property
+    def manual_approval(self) -> bool:
+        return self.approval is not None and self.approval.mode == "Manual"
 
     def resync_seconds(self, floor: int = MIN_RESYNC_SECONDS) -> int:
         """PKO semantics: unset or below the minimum (`floor`, 60 s unless the operator lowers it) means it."""
@@ -472,6 +493,19 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
         if spec.preview:
             issues.append(SpecIssue("spec.outputsSecret", "a preview Stack has no outputs to write",
                                     "remove spec.outputsSecret or spec.preview"))
+    if spec.drift_detection is not None:
+        try:
+            if parse_duration(spec.drift_detection.interval) <= 0:
+                raise ValueError(spec.drift_detection.interval)
+        except ValueError:
+            issues.append(SpecIssue("spec.driftDetection.interval", f"{spec.drift_detection.interval!r} is not a "
+                                    "positive duration", "use a Go duration such as 30m or 1h"))
+        if spec.preview and spec.drift_detection.remediate:
+            issues.append(SpecIssue("spec.driftDetection.remediate", "a preview Stack never updates",
+                                    "remove remediate or preview"))
+    if spec.preview and spec.manual_approval:
+        issues.append(SpecIssue("spec.approval.mode", "a preview Stack never applies anything to approve",
+                                "remove approval or preview"))
     if spec.preview and spec.destroy_on_finalize:
         issues.append(SpecIssue("spec.destroyOnFinalize", "a preview Stack never creates resources to destroy",
                                 "remove destroyOnFinalize or preview"))

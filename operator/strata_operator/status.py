@@ -18,6 +18,9 @@ from typing import Any, Literal
 READY = "Ready"
 RECONCILING = "Reconciling"
 STALLED = "Stalled"
+# Strata, spec.driftDetection: beside the three above, never instead of one (kstatus ignores it).
+DRIFTED = "Drifted"
+DRIFT_DETECTED = "DriftDetected"
 
 # Condition reasons (PKO's names).
 READY_COMPLETED = "ProcessingCompleted"
@@ -114,6 +117,12 @@ def build_conditions(previous: list[dict[str, Any]] | None, verdict: Verdict, ge
             "lastTransitionTime": rfc3339(now) if changed else old["lastTransitionTime"],
         }
 
+    # Conditions of other types (Drifted) are not the verdict's: they stay as they are.
+    others = [c for c in previous or [] if c.get("type") not in (READY, RECONCILING, STALLED)]
+    return _verdict_conditions(condition, verdict) + others
+
+
+def _verdict_conditions(condition, verdict: Verdict) -> list[dict[str, Any]]:
     if verdict.phase == "ready":
         return [condition(READY, "True", READY_COMPLETED, verdict.message)]
     if verdict.phase == "suspended":
@@ -123,6 +132,28 @@ def build_conditions(previous: list[dict[str, Any]] | None, verdict: Verdict, ge
                 condition(RECONCILING, "True", verdict.reason, verdict.message)]
     return [condition(READY, "False", NOT_READY_STALLED, "reconciliation is stalled"),
             condition(STALLED, "True", verdict.reason, verdict.message)]
+
+
+def with_drifted(conditions: list[dict[str, Any]] | None, drifted: bool, message: str, generation: int,
+                 now: datetime) -> list[dict[str, Any]]:
+    """The conditions with Drifted set (changes were made outside Pulumi) or removed (none found)."""
+    kept = [c for c in conditions or [] if c.get("type") != DRIFTED]
+    if not drifted:
+        return kept
+    old = next((c for c in conditions or [] if c.get("type") == DRIFTED), None)
+    return kept + [{"type": DRIFTED, "status": "True", "reason": DRIFT_DETECTED, "message": message,
+                    "observedGeneration": generation,
+                    "lastTransitionTime": old["lastTransitionTime"] if old else rfc3339(now)}]
+
+
+def changes_text(summary: dict[str, int]) -> str:
+    """`create 1, update 2` in the engine's words, without the unchanged ones."""
+    shown = {op: n for op, n in sorted(summary.items()) if op != "same" and n}
+    return ", ".join(f"{op} {n}" for op, n in shown.items()) or "no changes"
+
+
+def has_changes(summary: dict[str, int]) -> bool:
+    return any(n for op, n in summary.items() if op != "same")
 
 
 @dataclasses.dataclass(frozen=True)

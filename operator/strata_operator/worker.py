@@ -208,18 +208,59 @@ def _cli_outputs(command: auto.PulumiCommand, workdir: str, stack_name: str) -> 
             for key, value in json.loads(result.stdout or "{}").items()}
 
 
+def _selection(request: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The CLI arguments for the request's targets and its message."""
+    targets = [arg for target in request["targets"] for arg in ("--target", target)]
+    if request["targets"] and request["target_dependents"]:
+        targets.append("--target-dependents")
+    return targets, (["--message", request["message"]] if request["message"] else [])
+
+
+def _with_event_log(command: auto.PulumiCommand, args: list[str], workdir: str, env: dict[str, str] | None = None
+                    ) -> tuple[auto.CommandResult, dict[str, dict[str, Any]] | None, dict[str, int]]:
+    """Run the CLI with an event log: (result, root stack outputs or None, resource changes)."""
+    event_log = Path(workdir).parent / f".events-{os.getpid()}.jsonl"
+    try:
+        # As the Automation API does: the CLI offers --event-log only with debug commands on.
+        result = command.run([*args, "--event-log", str(event_log)], workdir,
+                             {"PULUMI_DEBUG_COMMANDS": "true", **(env or {})})
+    finally:
+        outputs, summary = _event_log_results(event_log)
+        event_log.unlink(missing_ok=True)
+    return result, outputs, summary
+
+
+def _save_plan(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """`pulumi preview --save-plan`: the plan an approval applies exactly, and what it would change."""
+    targets, message = _selection(request)
+    refresh = ["--refresh"] if request["refresh"] else []
+    result, _, summary = _with_event_log(command, ["preview", "--save-plan", request["plan_file"], "--non-interactive",
+                                                   "--stack", request["stack_name"], *refresh, *targets, *message],
+                                         workdir)
+    return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": {},
+            "engine_output": result.stdout + result.stderr}
+
+
+def _refresh_preview(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
+    """`pulumi refresh --preview-only`: what differs between the stack's state and the world, written nowhere."""
+    targets, _ = _selection(request)
+    # PULUMI_SKIP_CONFIRMATIONS (set for every update) implies --yes, which --preview-only refuses.
+    result, _, summary = _with_event_log(command, ["refresh", "--preview-only", "--non-interactive", "--stack",
+                                                   request["stack_name"], *targets], workdir,
+                                         {"PULUMI_SKIP_CONFIRMATIONS": "false"})
+    return {"outcome": "succeeded", "summary": summary, "outputs": {}, "engine_output": result.stdout + result.stderr}
+
+
 def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
     """`pulumi up` of a prepared stack, in exactly one CLI run (two with expectNoRefreshChanges).
 
     The Automation API's `Stack.up` also selects the stack and, afterwards, reads the outputs twice
     and the history once (about 1 s of every update); here outputs and the change summary come from
-    the update's own event log.
+    the update's own event log. With a plan file (an approved plan) the engine refuses any step
+    outside it.
     """
     name = request["stack_name"]
-    targets = [arg for target in request["targets"] for arg in ("--target", target)]
-    if request["targets"] and request["target_dependents"]:
-        targets.append("--target-dependents")
-    message = ["--message", request["message"]] if request["message"] else []
+    targets, message = _selection(request)
     refresh = []
     if request["refresh"] and request["expect_no_refresh_changes"]:
         # `up --refresh` cannot fail on refresh changes alone: a refresh of its own that may.
@@ -227,14 +268,9 @@ def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> d
                      *targets, *message], workdir, {})
     elif request["refresh"]:
         refresh = ["--refresh"]
-    event_log = Path(workdir).parent / f".events-{os.getpid()}.jsonl"
-    try:
-        # As the Automation API does: the CLI offers --event-log only with debug commands on.
-        result = command.run(["up", "--yes", "--skip-preview", "--non-interactive", "--stack", name, "--event-log",
-                              str(event_log), *refresh, *targets, *message], workdir, {"PULUMI_DEBUG_COMMANDS": "true"})
-    finally:
-        outputs, summary = _event_log_results(event_log)
-        event_log.unlink(missing_ok=True)
+    plan = ["--plan", request["plan_file"]] if request["plan_file"] else []
+    result, outputs, summary = _with_event_log(command, ["up", "--yes", "--skip-preview", "--non-interactive",
+                                                         "--stack", name, *plan, *refresh, *targets, *message], workdir)
     if outputs is None:
         outputs = _cli_outputs(command, workdir, name)
     return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": outputs,
@@ -412,6 +448,10 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
     if operation == "up":
         result = _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir))
         return with_output_values(pulumi_command, request, workdir, result)
+    if operation == "preview" and request["plan_file"]:
+        return _on_stack(workspace, request, known, create, lambda: _save_plan(pulumi_command, request, workdir))
+    if operation == "refresh" and request["preview_only"]:
+        return _on_stack(workspace, request, known, False, lambda: _refresh_preview(pulumi_command, request, workdir))
     return _on_stack(workspace, request, known, create, lambda: _automation_operation(workspace, request))
 
 

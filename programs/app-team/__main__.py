@@ -9,34 +9,62 @@ image (default nginx:1.27), replicas (default 2), outsideNamespace (default defa
 
 from __future__ import annotations
 
+import dataclasses
+
 import pulumi
 import pulumi_kubernetes as k8s
 
-from strata_components.layers import handoff_stack, list_status, read_team_access
+from strata_components.layers import TeamAccess, handoff_stack, list_status, read_team_access
 
-config = pulumi.Config()
-team = config.require("team")
-access = read_team_access(config.get("handoffStack") or handoff_stack(team))
-namespace = access.namespace
-provider = k8s.Provider("team", kubeconfig=access.kubeconfig, namespace=namespace)
-labels = {"app.kubernetes.io/name": "app", "strata.dev/team": team}
-opts = pulumi.ResourceOptions(provider=provider)
-deployment = k8s.apps.v1.Deployment(
-    "app", metadata={"namespace": namespace, "labels": labels},
-    spec={"replicas": config.get_int("replicas") or 2, "selector": {"matchLabels": labels},
-          "template": {"metadata": {"labels": labels},
-                       "spec": {"containers": [{"name": "app", "image": config.get("image") or "nginx:1.27",
-                                                "ports": [{"name": "http", "containerPort": 80}]}]}}},
-    opts=opts)
-service = k8s.core.v1.Service(
-    "app", metadata={"namespace": namespace, "labels": labels},
-    spec={"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}, opts=opts)
+@dataclasses.dataclass(frozen=True)
+class AppSettings:
+    """This layer's config, read, and the team's access from its hand-off stack."""
 
-# The boundary, as the API server enforces it: this identity may not even list another namespace's objects.
-outside = config.get("outsideNamespace") or "default"
-# The answer holds no secret, though it is computed from the (secret) kubeconfig.
-pulumi.export("outsideAccess", pulumi.Output.unsecret(access.kubeconfig.apply(
-    lambda kubeconfig: f"list configmaps in {outside}: {list_status(kubeconfig, outside)}")))
-pulumi.export("namespace", namespace)
-pulumi.export("deployment", deployment.metadata.name)
-pulumi.export("service", service.metadata.name)
+    team: str
+    access: TeamAccess
+    image: str
+    replicas: int
+    outside: str
+    """Where the `outsideAccess` output shows the API server refusing this team."""
+
+
+def read_settings(config: pulumi.Config) -> AppSettings:
+    """Every config value this layer reads, and the team's hand-off stack by reference (the engine tier
+    runs this function on the real engine; the resources below need the kubernetes plugin)."""
+    team = config.require("team")
+    return AppSettings(team=team, access=read_team_access(config.get("handoffStack") or handoff_stack(team)),
+                       image=config.get("image") or "nginx:1.27", replicas=config.get_int("replicas") or 2,
+                       outside=config.get("outsideNamespace") or "default")
+
+
+def main() -> None:
+    settings = read_settings(pulumi.Config())
+    access, team = settings.access, settings.team
+    namespace = access.namespace
+    provider = k8s.Provider("team", kubeconfig=access.kubeconfig, namespace=namespace)
+    labels = {"app.kubernetes.io/name": "app", "strata.dev/team": team}
+    opts = pulumi.ResourceOptions(provider=provider)
+    deployment = k8s.apps.v1.Deployment(
+        "app", metadata={"namespace": namespace, "labels": labels},
+        spec={"replicas": settings.replicas, "selector": {"matchLabels": labels},
+              "template": {"metadata": {"labels": labels},
+                           "spec": {"containers": [{"name": "app", "image": settings.image,
+                                                    "ports": [{"name": "http", "containerPort": 80}]}]}}},
+        opts=opts)
+    service = k8s.core.v1.Service(
+        "app", metadata={"namespace": namespace, "labels": labels},
+        spec={"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}, opts=opts)
+
+    # The boundary, as the API server enforces it: this identity may not even list another namespace's objects.
+    outside = settings.outside
+    # The answer holds no secret, though it is computed from the (secret) kubeconfig.
+    pulumi.export("outsideAccess", pulumi.Output.unsecret(access.kubeconfig.apply(
+        lambda kubeconfig: f"list configmaps in {outside}: {list_status(kubeconfig, outside)}")))
+    pulumi.export("namespace", namespace)
+    pulumi.export("deployment", deployment.metadata.name)
+    pulumi.export("service", service.metadata.name)
+
+
+# The Python host runs this file as __main__; the engine tier imports it to call read_settings.
+if __name__ == "__main__":
+    main()

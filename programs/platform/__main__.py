@@ -15,14 +15,15 @@ teamHandoffStacks (team -> the stack its app stack references).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handoff_program
-from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, handoff_stack, read_cluster_access,
-                                     team_passphrase)
+from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, ClusterAccess, handoff_stack,
+                                     read_cluster_access, team_passphrase)
 from strata_components.stack import Program
 from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, team_names
 
@@ -55,46 +56,74 @@ def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str],
     return args
 
 
-config = pulumi.Config()
-cluster = read_cluster_access(config.require("bootstrapStack"))
-teams = config.get_object("teams") or []
-if isinstance(teams, str):  # Stack config values arrive as strings
-    teams = json.loads(teams)
-provider = k8s.Provider("cluster", kubeconfig=cluster.kubeconfig)
-server = cluster.server
-backend = config.get("backend")
-project_repo = (config.get("projectRepo"), config.get("projectBranch") or "main") if config.get("projectRepo") else None
+@dataclasses.dataclass(frozen=True)
+class PlatformSettings:
+    """This layer's config, read: what the bootstrap's platform Stack set, and the bootstrap stack's outputs."""
 
-environments: dict[str, TeamEnvironment] = {}
-passphrases: dict[str, pulumi.Output[str]] = {}
-handoffs: dict[str, TeamHandoff] = {}
-if teams:
-    shared_passphrase = config.require_secret("statePassphrase")
-    platform_namespace = config.require("namespace")
-    # One Program for every hand-off stack: the operator names its project after the object.
-    program = Program("team-handoff", {"namespace": platform_namespace, "name": HANDOFF_PROJECT,
-                                       "program": build_handoff_program()},
-                      pulumi.ResourceOptions(provider=provider))
-for team in teams:
-    name = team["name"]
-    environment_args = team_args(team, provider, server, backend, project_repo)
-    environment = TeamEnvironment(name, environment_args)
-    environments[name] = environment
-    passphrases[name] = team_passphrase(shared_passphrase, name)
-    handoff_args: TeamHandoffArgs = {
-        "provider": provider, "team": name, "namespace": platform_namespace,
-        "team_namespace": team_names(name)["namespace"], "kubeconfig": environment.kubeconfig,
-        "passphrase": passphrases[name], "program": program}
-    if backend:
-        handoff_args["backend"] = backend
-    handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args, pulumi.ResourceOptions(depends_on=[environment]))
-    # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
-    k8s.core.v1.Secret(f"{name}-passphrase", metadata={"name": PASSPHRASE_SECRET, "namespace": environment.namespace},
-                       string_data={"passphrase": passphrases[name]},
-                       opts=pulumi.ResourceOptions(provider=provider, parent=environment))
+    cluster: ClusterAccess
+    teams: list[dict]
+    backend: str | None
+    project_repo: tuple[str, str] | None
+    shared_passphrase: pulumi.Output[str] | None
+    """The shared state passphrase (secret); only needed, and required, when there are teams."""
+    namespace: str | None
 
-pulumi.export("teamKubeconfigs", pulumi.Output.secret({name: env.kubeconfig for name, env in environments.items()}))
-pulumi.export("teamTokens", pulumi.Output.secret({name: env.token for name, env in environments.items()}))
-pulumi.export("teamPassphrases", pulumi.Output.secret(passphrases))
-pulumi.export("teamNamespaces", {name: env.namespace for name, env in environments.items()})
-pulumi.export("teamHandoffStacks", {name: handoff.stack for name, handoff in handoffs.items()})
+
+def read_settings(config: pulumi.Config) -> PlatformSettings:
+    """Every config value this layer reads, and the bootstrap stack by reference (the engine tier runs
+    this function on the real engine; the resources below need the kubernetes plugin)."""
+    teams = config.get_object("teams") or []
+    if isinstance(teams, str):  # Stack config values arrive as strings
+        teams = json.loads(teams)
+    return PlatformSettings(
+        cluster=read_cluster_access(config.require("bootstrapStack")), teams=teams, backend=config.get("backend"),
+        project_repo=((config.get("projectRepo"), config.get("projectBranch") or "main")
+                      if config.get("projectRepo") else None),
+        shared_passphrase=config.require_secret("statePassphrase") if teams else None,
+        namespace=config.require("namespace") if teams else None)
+
+
+def main() -> None:
+    settings = read_settings(pulumi.Config())
+    provider = k8s.Provider("cluster", kubeconfig=settings.cluster.kubeconfig)
+    server = settings.cluster.server
+    backend, project_repo = settings.backend, settings.project_repo
+
+    environments: dict[str, TeamEnvironment] = {}
+    passphrases: dict[str, pulumi.Output[str]] = {}
+    handoffs: dict[str, TeamHandoff] = {}
+    if settings.teams:
+        # One Program for every hand-off stack: the operator names its project after the object.
+        program = Program("team-handoff", {"namespace": settings.namespace, "name": HANDOFF_PROJECT,
+                                           "program": build_handoff_program()},
+                          pulumi.ResourceOptions(provider=provider))
+    for team in settings.teams:
+        name = team["name"]
+        environment_args = team_args(team, provider, server, backend, project_repo)
+        environment = TeamEnvironment(name, environment_args)
+        environments[name] = environment
+        passphrases[name] = team_passphrase(settings.shared_passphrase, name)
+        handoff_args: TeamHandoffArgs = {
+            "provider": provider, "team": name, "namespace": settings.namespace,
+            "team_namespace": team_names(name)["namespace"], "kubeconfig": environment.kubeconfig,
+            "passphrase": passphrases[name], "program": program}
+        if backend:
+            handoff_args["backend"] = backend
+        handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args,
+                                     pulumi.ResourceOptions(depends_on=[environment]))
+        # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
+        k8s.core.v1.Secret(f"{name}-passphrase",
+                           metadata={"name": PASSPHRASE_SECRET, "namespace": environment.namespace},
+                           string_data={"passphrase": passphrases[name]},
+                           opts=pulumi.ResourceOptions(provider=provider, parent=environment))
+
+    pulumi.export("teamKubeconfigs", pulumi.Output.secret({name: env.kubeconfig for name, env in environments.items()}))
+    pulumi.export("teamTokens", pulumi.Output.secret({name: env.token for name, env in environments.items()}))
+    pulumi.export("teamPassphrases", pulumi.Output.secret(passphrases))
+    pulumi.export("teamNamespaces", {name: env.namespace for name, env in environments.items()})
+    pulumi.export("teamHandoffStacks", {name: handoff.stack for name, handoff in handoffs.items()})
+
+
+# The Python host runs this file as __main__; the engine tier imports it to call read_settings and team_args.
+if __name__ == "__main__":
+    main()

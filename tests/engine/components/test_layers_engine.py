@@ -1,37 +1,71 @@
 """The StackReference hand-off between layers, run by the real engine:
 bootstrap -> platform -> per-team hand-off -> app team.
 
-Each layer reads the one below with the functions the programs use (strata_components.layers);
-the credentials stay secret in every layer's outputs and never reach any state file in plaintext.
-The bootstrap and platform stacks share one passphrase; each team's hand-off stack is the Pulumi
-YAML program the operator runs (materialised as the operator does), encrypted with the team's own
-passphrase, which is all the team's app stack has: it reads its hand-off stack and nothing else.
+What runs is the layers' own code wherever this tier can run it. The platform and app-team layers
+are inline programs that call the real programs' `read_settings` (programs/platform/__main__.py,
+programs/app-team/__main__.py): every config key they read, set exactly as the layer above sets it
+(the platform Stack's config from the bootstrap's real `platform_stack_spec`, an app Stack's from
+the platform's real `team_args`), and the StackReferences they make. Each team's hand-off stack is
+the Pulumi YAML program the operator runs (materialised as the operator does), encrypted with the
+team's own passphrase, which is all the team's app stack has: it reads its hand-off stack and nothing else.
+
+What cannot run here, and stands in: this tier has the pulumi CLI and the YAML host but no kubernetes
+provider plugin and no Python language host (inline programs run in this process instead). So the
+programs' resources, all kubernetes ones (the platform's TeamEnvironment, TeamHandoff and Program,
+the app's Deployment and Service), and the bootstrap layer, whose outputs come from the Cluster
+component (the local platform), are not run: the bootstrap stack is a stand-in exporting the same
+outputs (a secret admin kubeconfig, the server), and each team's kubeconfig, which a TeamEnvironment
+reads from its ServiceAccount's token Secret, is derived from the admin token. The e2e tier runs
+the whole programs under the Python host on a cluster.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import yaml
 from pulumi import automation as auto
 
+from strata_components.bootstrap_config import platform_stack_spec
 from strata_components.handoff import build_handoff_program
 from strata_components.layers import HANDOFF_PROJECT, derive_team_passphrase, handoff_stack
 from strata_components.stack import build_program_body
 from strata_operator.sources import write_program_project
 from tests.engine.workspace import inline_stack, state_text, workspace_options
 
+ROOT = Path(__file__).resolve().parents[3]
 ADMIN_TOKEN = "admin-token-5c1d9e-must-stay-encrypted"
 SERVER = "https://127.0.0.1:6443"
 CA_DATA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIengine\n-----END CERTIFICATE-----\n").decode()
 BOOTSTRAP = "organization/strata/bootstrap"
 PLATFORM = "organization/strata-platform/dev"
-TEAMS = ("alpha", "beta")
+PROJECT_REPO = "http://127.0.0.1:9/strata.git"
+# As in Pulumi.dev.yaml's strata:teams: alpha runs the app-team program from this project's repository.
+TEAM_SETTINGS = [{"name": "alpha", "dir": "programs/app-team"}, {"name": "beta"}]
+TEAMS = tuple(team["name"] for team in TEAM_SETTINGS)
 SECRET_SIGNATURE_KEY = "4dabf18193072939515e22adb298388d"  # marks a secret value in Pulumi state
+
+
+def load_program(layer: str) -> ModuleType:
+    """A layer's real __main__.py, imported rather than run as __main__: its functions, without the
+    kubernetes resources its main() declares."""
+    spec = importlib.util.spec_from_file_location(f"strata_program_{layer.replace('-', '_')}",
+                                                  ROOT / "programs" / layer / "__main__.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it is being executed
+    spec.loader.exec_module(module)
+    return module
+
+
+PLATFORM_PROGRAM = load_program("platform")
+APP_TEAM_PROGRAM = load_program("app-team")
 
 
 def team_token(admin_token: str, team: str) -> str:
@@ -40,6 +74,7 @@ def team_token(admin_token: str, team: str) -> str:
 
 
 def bootstrap_program():
+    """Stands for the top-level __main__.py, whose outputs come from the Cluster component."""
     import pulumi
 
     from strata_components.kubeconfig import build_token_kubeconfig
@@ -50,37 +85,58 @@ def bootstrap_program():
     pulumi.export("server", SERVER)
 
 
+def platform_config(shared_passphrase: str) -> dict[str, auto.ConfigValue]:
+    """The platform stack's config as the bootstrap's platform Stack sets it (__main__.py's
+    platform_stack_spec), its secretsRef resolved as the operator resolves it."""
+    spec = platform_stack_spec({"repo": PROJECT_REPO}, BOOTSTRAP, TEAM_SETTINGS, namespace="strata-system")
+    assert list(spec["secrets_ref"]) == ["strata-platform:statePassphrase"]
+    return {**{key: auto.ConfigValue(value) for key, value in spec["config"].items()},
+            "strata-platform:statePassphrase": auto.ConfigValue(shared_passphrase, secret=True)}
+
+
 def platform_program():
     import pulumi
 
     from strata_components.kubeconfig import build_token_kubeconfig, kubeconfig_cluster
-    from strata_components.layers import read_cluster_access, team_passphrase
+    from strata_components.layers import team_passphrase
+    from strata_components.team import team_names
 
-    config = pulumi.Config()
-    cluster = read_cluster_access(config.require("bootstrapStack"))
-    shared = config.require_secret("statePassphrase")
+    settings = PLATFORM_PROGRAM.read_settings(pulumi.Config())
+    teams = [team["name"] for team in settings.teams]
 
     def team_kubeconfig(admin: str, team: str) -> str:
+        # Stands for TeamEnvironment's kubeconfig (its ServiceAccount token needs the kubernetes plugin).
         server, ca_data = kubeconfig_cluster(admin)
         admin_token = yaml.safe_load(admin)["users"][0]["user"]["token"]
         return build_token_kubeconfig(cluster="strata", server=server, ca_data=ca_data, user=f"team-{team}",
-                                      token=team_token(admin_token, team), namespace=f"team-{team}")
+                                      token=team_token(admin_token, team), namespace=team_names(team)["namespace"])
 
-    pulumi.export("teamKubeconfigs", cluster.kubeconfig.apply(
-        lambda admin: {team: team_kubeconfig(admin, team) for team in TEAMS}))
-    pulumi.export("teamPassphrases", pulumi.Output.secret({team: team_passphrase(shared, team) for team in TEAMS}))
-    pulumi.export("teamNamespaces", {team: f"team-{team}" for team in TEAMS})
-    pulumi.export("server", cluster.server)
+    pulumi.export("teamKubeconfigs", settings.cluster.kubeconfig.apply(
+        lambda admin: {team: team_kubeconfig(admin, team) for team in teams}))
+    # As main() exports them.
+    pulumi.export("teamPassphrases", pulumi.Output.secret(
+        {team: team_passphrase(settings.shared_passphrase, team) for team in teams}))
+    pulumi.export("teamNamespaces", {team: team_names(team)["namespace"] for team in teams})
+    pulumi.export("server", settings.cluster.server)
+    pulumi.export("namespace", settings.namespace)
+    # The app Stacks' config, as main() hands it to each team's TeamEnvironment (no provider: unused here).
+    handed = {team["name"]: PLATFORM_PROGRAM.team_args(team, None, settings.cluster.server, settings.backend,
+                                                       settings.project_repo) for team in settings.teams}
+    pulumi.export("appStackConfig", {name: args["stack"]["config"] for name, args in handed.items()
+                                     if "stack" in args})
 
 
 def app_team_program():
     import pulumi
 
-    from strata_components.layers import read_team_access
+    settings = APP_TEAM_PROGRAM.read_settings(pulumi.Config())
+    pulumi.export("kubeconfig", settings.access.kubeconfig)
+    pulumi.export("namespace", settings.access.namespace)
+    pulumi.export("team", settings.team)
 
-    access = read_team_access(pulumi.Config().require("handoffStack"))
-    pulumi.export("kubeconfig", access.kubeconfig)
-    pulumi.export("namespace", access.namespace)
+
+def app_config(config: dict[str, str]) -> dict[str, auto.ConfigValue]:
+    return {key: auto.ConfigValue(value) for key, value in config.items()}
 
 
 def platform_reader_program():
@@ -112,9 +168,7 @@ class Layers:
     def up_bootstrap_and_platform(self) -> dict[str, auto.OutputValue]:
         self.inline("strata", "bootstrap", bootstrap_program,
                     {"adminToken": auto.ConfigValue(ADMIN_TOKEN, secret=True)}).up()
-        return self.inline("strata-platform", "dev", platform_program,
-                           {"bootstrapStack": auto.ConfigValue(BOOTSTRAP),
-                            "statePassphrase": auto.ConfigValue(self.shared, secret=True)}).up().outputs
+        return self.inline("strata-platform", "dev", platform_program, platform_config(self.shared)).up().outputs
 
     def up_handoff(self, team: str, kubeconfig: str, passphrase: str) -> auto.UpResult:
         """The team's hand-off stack as the operator runs it: the Program written as a YAML project,
@@ -139,15 +193,22 @@ def test_credentials_stay_secret_through_every_layer(toolchain, pulumi_env, file
     passphrases = platform["teamPassphrases"].value
     assert passphrases == {team: derive_team_passphrase(layers.shared, team) for team in TEAMS}
     assert len({layers.shared, *passphrases.values()}) == 3
+    # The teams arrived as the JSON string the bootstrap's Stack sets, and the namespace beside them.
+    assert platform["teamNamespaces"].value == {team: f"team-{team}" for team in TEAMS}
+    assert platform["namespace"].value == "strata-system"
+    # Only alpha runs an app (from this project's repository); its Stack's config names its hand-off stack.
+    app_config_of = platform["appStackConfig"].value
+    assert app_config_of == {"alpha": {"strata-app-team:handoffStack": handoff_stack("alpha"),
+                                       "strata-app-team:team": "alpha"}}
 
     for team in TEAMS:
         handoff = layers.up_handoff(team, platform["teamKubeconfigs"].value[team], passphrases[team]).outputs
         assert handoff["kubeconfig"].secret and not handoff["namespace"].secret
-    app = layers.inline("strata-app-team", "alpha", app_team_program,
-                        {"handoffStack": auto.ConfigValue(handoff_stack("alpha"))}, passphrases["alpha"])
+    app = layers.inline("strata-app-team", "alpha", app_team_program, app_config(app_config_of["alpha"]),
+                        passphrases["alpha"])
     third = app.up().outputs
     assert third["kubeconfig"].secret and not third["namespace"].secret
-    assert third["namespace"].value == "team-alpha"
+    assert third["namespace"].value == "team-alpha" and third["team"].value == "alpha"
 
     team = yaml.safe_load(third["kubeconfig"].value)
     assert team["users"][0]["user"]["token"] == team_token(ADMIN_TOKEN, "alpha")
@@ -168,7 +229,7 @@ def test_credentials_stay_secret_through_every_layer(toolchain, pulumi_env, file
 
 @pytest.mark.parametrize("program, config", [
     (platform_reader_program, {}),
-    (app_team_program, {"handoffStack": auto.ConfigValue(handoff_stack("beta"))}),
+    (app_team_program, app_config({"team": "alpha", "handoffStack": handoff_stack("beta")})),
 ], ids=["platform", "other-team"])
 def test_the_team_passphrase_opens_no_stack_but_the_teams_own(toolchain, pulumi_env, file_backend, tmp_path,
                                                               program, config):
@@ -178,8 +239,8 @@ def test_the_team_passphrase_opens_no_stack_but_the_teams_own(toolchain, pulumi_
     for team in TEAMS:
         layers.up_handoff(team, platform["teamKubeconfigs"].value[team], passphrases[team])
     # With alpha's passphrase its own hand-off stack reads fine...
-    own = layers.inline("strata-app-team", "alpha", app_team_program,
-                        {"handoffStack": auto.ConfigValue(handoff_stack("alpha"))}, passphrases["alpha"]).up().outputs
+    own = layers.inline("strata-app-team", "alpha", app_team_program, app_config({"team": "alpha"}),
+                        passphrases["alpha"]).up().outputs
     assert own["kubeconfig"].secret and team_token(ADMIN_TOKEN, "alpha") in own["kubeconfig"].value
     # ...but the platform stack and another team's hand-off stack do not decrypt with it: the engine
     # elides their secrets and the reading program fails.
@@ -198,8 +259,8 @@ def test_the_team_passphrase_opens_no_stack_but_the_teams_own(toolchain, pulumi_
 def test_an_app_stack_without_its_handoff_stack_fails_naming_it(toolchain, pulumi_env, file_backend, tmp_path):
     layers = Layers(toolchain, pulumi_env, file_backend, tmp_path)
     platform = layers.up_bootstrap_and_platform()
-    app = layers.inline("strata-app-team", "gamma", app_team_program,
-                        {"handoffStack": auto.ConfigValue(handoff_stack("gamma"))},
+    # No handoffStack config: the program's default, the team's hand-off stack by name.
+    app = layers.inline("strata-app-team", "gamma", app_team_program, app_config({"team": "gamma"}),
                         derive_team_passphrase(layers.shared, "gamma"))
     assert "gamma" not in platform["teamNamespaces"].value
     with pytest.raises(auto.errors.CommandError, match=r"strata-team-handoff/gamma"):

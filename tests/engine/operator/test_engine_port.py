@@ -180,3 +180,20 @@ def test_a_dead_fork_server_is_replaced(engine, tmp_path):
 
     result = asyncio.run(kill_server_then_update())
     assert result.ok, result.message
+
+
+def test_a_saved_plan_applies_exactly_and_a_strayed_one_is_refused(engine, tmp_path):
+    from strata_operator.approval import plan_refused
+
+    plan = tmp_path / "plan.json"
+    saved = asyncio.run(engine.preview(request(tmp_path, plan_file=str(plan))))
+    assert saved.ok and saved.summary.get("create") == 3 and plan.is_file()
+    assert CANARY not in plan.read_text(), "secret config is kept encrypted in the plan"
+    assert asyncio.run(engine.outputs(request(tmp_path))).outputs == {}, "saving a plan applies nothing"
+    applied = asyncio.run(engine.up(request(tmp_path, plan_file=str(plan))))
+    assert applied.ok and applied.outputs["said"] == ("hello", False)
+
+    asyncio.run(engine.preview(request(tmp_path, plan_file=str(plan), config={"greeting": "hi", "tags": {}})))
+    strayed = asyncio.run(engine.up(request(tmp_path, plan_file=str(plan), config={"greeting": "other", "tags": {}})))
+    assert not strayed.ok and plan_refused(strayed.message), strayed.message
+    assert asyncio.run(engine.outputs(request(tmp_path))).outputs["said"] == ("hello", False), "nothing applied"

@@ -176,6 +176,12 @@ class Stacks:
                                                 field_selector=f"involvedObject.name={name},involvedObject.kind=Stack")
         return [e for e in found.items if reason is None or e.reason == reason]
 
+    def wait_events(self, name: str, reason: str, count: int = 1, timeout: float = 15) -> list[client.CoreV1Event]:
+        """Kopf posts Events in the background, after the status they go with: poll for `count` of them."""
+        processes.wait_until(lambda: len(self.events(name, reason)) >= count, timeout,
+                             f"{count} {reason} Event(s) of Stack {name}", interval=0.3)
+        return self.events(name, reason)
+
     def runs(self, name: str) -> int:
         """Engine runs the operator started for this Stack (one StackUpdateDetected Event each)."""
         return len(self.events(name, "StackUpdateDetected"))

@@ -58,7 +58,7 @@ def test_outputs_reach_an_owned_secret_with_real_values_and_nowhere_else(stacks,
     assert "Name another Secret in spec.outputsSecret.name, or delete 'db-outputs'" in message
     assert stacks.runs("db") == 0
     assert decoded(read_secret(stacks, "db-outputs")) == {"owner": "someone else"}
-    assert stacks.events("db", "StackOutputRetrievalFailure")
+    assert stacks.wait_events("db", "StackOutputRetrievalFailure")
 
     # Deleted: the Stack notices on its own (checked every 30 s), runs, and creates its Secret.
     stacks.core.delete_namespaced_secret("db-outputs", stacks.namespace)

@@ -27,7 +27,7 @@ def test_suspend_holds_every_run_and_resume_runs_what_changed(stacks, local_plat
     assert ready["status"] == "True" and "spec.suspend is false" in ready["message"]
     assert condition(paused, "Reconciling") is None and condition(paused, "Stalled") is None
     assert paused["status"]["observedGeneration"] == paused["metadata"]["generation"]
-    assert len(stacks.events("paused", "Suspended")) == 1
+    assert len(stacks.wait_events("paused", "Suspended")) == 1
 
     runs = stacks.runs("paused")
     stacks.replace_program("greeting", stash_program(greeting="changed while suspended"))
@@ -45,7 +45,7 @@ def test_suspend_holds_every_run_and_resume_runs_what_changed(stacks, local_plat
     assert after["status"]["outputs"]["greeting"] == "changed while suspended"
     assert condition(after, "Ready")["reason"] == "ProcessingCompleted"
     assert stacks.runs("paused") == runs + 1, "resuming ran once for everything that changed"
-    assert len(stacks.events("paused", "Resumed")) == 1
+    assert len(stacks.wait_events("paused", "Resumed")) == 1
 
     # Suspended again, then deleted: destroyOnFinalize still destroys.
     assert strata("suspend", "stack", "paused", "-n", ns, kubeconfig=kubeconfig).returncode == 0

@@ -57,8 +57,9 @@ def test_reconcile_stack_takes_kubectl_options_and_defaults_to_five_minutes(argv
 
 
 @pytest.mark.parametrize("argv, handler", [(["suspend", "stack", "web", "-n", "apps"], cli._suspend_stack),
-                                           (["resume", "-n", "apps", "stack", "web"], cli._resume_stack)])
-def test_suspend_and_resume_take_kubectl_options(argv, handler):
+                                           (["resume", "-n", "apps", "stack", "web"], cli._resume_stack),
+                                           (["approve", "stack", "web", "-n", "apps"], cli._approve_stack)])
+def test_suspend_resume_and_approve_take_kubectl_options(argv, handler):
     args = cli.parse(argv)
     assert (args.handler, args.name, args.namespace, args.output, args.timeout) == (handler, "web", "apps", "table",
                                                                                     "5m")

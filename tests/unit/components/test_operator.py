@@ -66,8 +66,8 @@ def test_operator_rbac_never_grants_wildcards_deletes_or_escalation():
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
             assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
             assert "rbac.authorization.k8s.io" not in rule["apiGroups"]
-            # Secrets are read one by one (refs) and written one by one (spec.outputsSecret), never listed,
-            # watched, patched or deleted.
+            # Secrets are read one by one (refs) and written by name (approval plans, spec.outputsSecret), never
+            # listed or watched.
             if "secrets" in rule["resources"]:
                 assert set(rule["verbs"]) <= {"get", "create", "update"}
 

@@ -139,6 +139,31 @@ def test_resume_waits_until_the_operator_planned_on_the_resumed_generation():
     assert not stackctl.resume_verdict(before, 7).done, "a failure from before the resume is not its answer"
 
 
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_approve_waits_until_that_plan_was_applied_or_replaced():
+    waiting = _stack(ready="False", reason="AwaitingApproval", true_kind="Reconciling", message="awaits approval",
+                     plan={"digest": DIGEST})
+    assert stackctl.approve_verdict(waiting, DIGEST) == stackctl.ReconcileVerdict(False, False, "AwaitingApproval",
+                                                                                  "awaits approval")
+    applying = _stack(ready="False", reason="StackProcessing", true_kind="Reconciling", message="processing",
+                      plan={"digest": DIGEST}, currentUpdate={"type": "up"}, last={"plan": DIGEST, "state": "failed"})
+    assert not stackctl.approve_verdict(applying, DIGEST).done, "an earlier try of the plan is not the answer"
+    applied = _stack(last={"plan": DIGEST, "state": "succeeded"})
+    assert stackctl.approve_verdict(applied, DIGEST) == stackctl.ReconcileVerdict(True, True, "PlanApplied",
+                                                                                  f"plan {DIGEST} applied")
+    refused = _stack(ready="False", reason="AwaitingApproval", true_kind="Reconciling", message="new plan",
+                     last={"plan": DIGEST, "state": "failed", "reason": "PlanRefused", "message": "violates plan"})
+    assert stackctl.approve_verdict(refused, DIGEST) == stackctl.ReconcileVerdict(True, False, "PlanRefused",
+                                                                                  "violates plan")
+    replaced = _stack(ready="False", reason="AwaitingApproval", true_kind="Reconciling", message="plan B awaits",
+                      plan={"digest": "sha256:" + "cd" * 32})
+    verdict = stackctl.approve_verdict(replaced, DIGEST)
+    assert (verdict.done, verdict.ok, verdict.reason) == (True, False, "PlanReplaced")
+    assert "was replaced before it was applied: plan B awaits" in verdict.message
+
+
 def test_the_update_log_sits_in_the_stacks_directory_of_the_operator_state(monkeypatch, tmp_path):
     assert stackctl.update_log_path(Path("/s"), "apps", "web") == Path("/s/stacks/apps/web/last-update.json")
     monkeypatch.delenv("STRATA_OPERATOR_STATE", raising=False)

@@ -6,8 +6,8 @@ import pytest
 
 from strata_operator.backoff import cooldown_seconds
 from strata_operator.outputs import combine_digests
-from strata_operator.planning import (Requests, check_prerequisite, consumed_digest, plan_finalize,
-                                      plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
+from strata_operator.planning import (Requests, check_prerequisite, consumed_digest, drift_check_due, drift_status,
+                                      plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
                                       prerequisites_verdict, suspended_verdict, terminating_namespace_message)
 from strata_operator.spec import Prerequisite, Requirement, parse_stack_spec
 from strata_operator.status import RunRecord, failed_update, rfc3339, succeeded_update
@@ -308,3 +308,22 @@ def test_a_named_output_the_prerequisite_lacks_blocks_naming_it():
     assert check.problem.startswith("prerequisite 'base' has no output 'endpoint'")
     assert "spec.prerequisites[].outputs" in check.problem
     assert check_prerequisite(Prerequisite(name="base", outputs=["url"]), base, NOW).problem is None
+
+
+def test_drift_is_checked_every_interval_from_the_last_check_or_update():
+    watched = spec(driftDetection={"interval": "10m"})
+    assert drift_check_due(spec(), ok(), None, NOW) == (False, None), "no drift detection asked"
+    assert drift_check_due(watched, None, None, NOW) == (False, None), "nothing applied yet"
+    assert drift_check_due(watched, failed(1), None, NOW) == (False, None), "only what was applied can drift"
+    assert drift_check_due(watched, ok(at=NOW - timedelta(minutes=3)), None, NOW) == (False, 420.0)
+    assert drift_check_due(watched, ok(at=NOW - timedelta(hours=1)), None, NOW) == (True, 600.0)
+    checked = {"checkedAt": rfc3339(NOW - timedelta(minutes=9))}
+    assert drift_check_due(watched, ok(at=NOW - timedelta(hours=1)), checked, NOW) == (False, 60.0)
+    # The operator's floor (--min-resync-seconds) bounds a short interval.
+    assert drift_check_due(spec(driftDetection={"interval": "1s"}), ok(), None, NOW, floor=60) == (True, 60.0)
+
+
+def test_drift_status_counts_only_what_changed_outside_pulumi():
+    assert drift_status({"same": 3, "update": 1, "delete": 0}, "T") == {"checkedAt": "T", "drifted": True,
+                                                                          "changes": {"update": 1}}
+    assert drift_status({"same": 3}, "T") == {"checkedAt": "T", "drifted": False, "changes": {}}

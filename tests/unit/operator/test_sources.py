@@ -12,6 +12,7 @@ import yaml
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from strata_operator.redaction import redact
 from strata_operator.sources import (FluxArtifact, GitHubApp, SourceError, SourceNotReady, UnsafeArchive,
                                      download_artifact, flux_artifact, git_branch_head, git_checkout, github_app_jwt, github_app_token,
                                      program_revision, program_status, project_info, safe_extract, subdir,
@@ -59,6 +60,17 @@ def test_unknown_digest_algorithm_is_refused(tmp_path):
     src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "x")])
     with pytest.raises(SourceError, match="unsupported artifact digest"):
         download_artifact(FluxArtifact(src.as_uri(), "r", "md5:abc"), tmp_path / "got")
+
+
+def test_an_artifact_url_urllib_cannot_use_fails_as_a_source_error_without_its_password(tmp_path):
+    """urllib quotes a URL's userinfo outside the URL when it cannot parse the host ("nonnumeric port:
+    'PASSWORD@host'"), where the URL pattern does not mask it: the password is registered first."""
+    password = "artifact-password-0b7e-unit"
+    with pytest.raises(SourceError) as refused:
+        download_artifact(FluxArtifact(f"http://flux:{password}@127.0.0.1/a.tar.gz", "r", "sha256:" + "0" * 64),
+                          tmp_path / "got")
+    assert "artifact download from http://[secret]@127.0.0.1/a.tar.gz failed" in redact(str(refused.value))
+    assert password not in redact(str(refused.value))
 
 
 def test_oversized_download_is_refused(tmp_path):

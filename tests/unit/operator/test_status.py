@@ -2,7 +2,8 @@
 
 from datetime import datetime, timedelta, timezone
 
-from strata_operator.status import SUSPENDED, Verdict, build_conditions, merge_patch, outputs_for_status
+from strata_operator.status import (SUSPENDED, Verdict, build_conditions, merge_patch, outputs_for_status,
+                                    with_drifted)
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 
@@ -49,3 +50,14 @@ def test_suspended_is_ready_as_last_left_with_nothing_in_progress_or_stuck():
         conditions = build_conditions(None, Verdict("suspended", SUSPENDED, "suspended: ...", last_succeeded), 3, T0)
         # kstatus reads a resource with neither Reconciling nor Stalled as Current: not failed, not waiting.
         assert [(c["type"], c["status"], c["reason"]) for c in conditions] == [("Ready", ready, "Suspended")]
+
+
+def test_drifted_sits_beside_the_verdict_and_survives_new_verdicts():
+    ready = build_conditions(None, Verdict("ready"), 2, T0)
+    drifted = with_drifted(ready, True, "update 1 outside Pulumi", 2, T0)
+    assert [(c["type"], c["status"]) for c in drifted] == [("Ready", "True"), ("Drifted", "True")]
+    # kstatus still reads Ready alone: a drifted Stack is healthy, not Stalled.
+    again = build_conditions(drifted, Verdict("reconciling", "StackProcessing", "updating"), 2, T0 + timedelta(1))
+    assert [c["type"] for c in again] == ["Ready", "Reconciling", "Drifted"]
+    assert by_type(again)["Drifted"]["lastTransitionTime"] == by_type(drifted)["Drifted"]["lastTransitionTime"]
+    assert [c["type"] for c in with_drifted(again, False, "", 2, T0)] == ["Ready", "Reconciling"]
