@@ -98,6 +98,14 @@ class Prerequisite(TypedDict):
     """Name of a Stack in the same namespace."""
     requirement: NotRequired[PrerequisiteRequirement]
     """How recent its success must be."""
+    outputs: NotRequired[Sequence[str]]
+    """The prerequisite's outputs this Stack consumes: when the prerequisite runs again, this Stack re-runs
+    only if one of them changed (all of its outputs when unset)."""
+
+
+class OutputsSecret(TypedDict):
+    name: str
+    """Name of the Secret (in the Stack's namespace) that receives the outputs."""
 
 
 class Approval(TypedDict):
@@ -177,6 +185,10 @@ class StackSpec(TypedDict):
     """Look for drift on a schedule, and optionally remediate it."""
     suspend: NotRequired[bool]
     """Run nothing while true (Flux's convention); false again runs what changed meanwhile."""
+    outputs_secret: NotRequired[OutputsSecret]
+    """{"name": ...}: a Secret that receives every output with its real value (secret ones included) after
+    each successful update, labelled and owned by the Stack, for other workloads to mount. A Secret of that
+    name the Stack does not own is never overwritten (the Stack stalls naming the field)."""
     retry_max_backoff_duration_seconds: NotRequired[int]
     """Cap of the retry backoff."""
 

@@ -65,6 +65,9 @@ class UpdateRequest:
     environments: tuple[str, ...] = ()
     message: str = ""
     run_program: bool = False  # destroy: run the program too (spec.runProgram)
+    # up: read the outputs' real values (one `stack output --show-secrets` when some are secret), for
+    # spec.outputsSecret and for the digests of secret outputs that dependents compare.
+    real_outputs: bool = False
     # Manual approval: preview saves its plan here; up applies exactly the plan found here.
     plan_file: str = ""
     # Drift detection: refresh only previews (what changed outside Pulumi), writing nothing.
@@ -88,6 +91,12 @@ class UpdateResult:
     summary: dict[str, int] = dataclasses.field(default_factory=dict)
     duration: float = 0.0
     reason: str = ""  # a failure's PKO reason when more specific than the outcome's (WorkspaceFailed)
+    # up with real_outputs: every output's real value, secret ones included. Never in repr, and each secret
+    # one is registered with the REDACTOR as soon as it arrives.
+    real_outputs: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+    outputs_error: str = ""  # why real_outputs could not be read
+    output_digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    outputs_digest: str = ""
 
     @property
     def ok(self) -> bool:
@@ -97,8 +106,33 @@ class UpdateResult:
     def from_json(cls, text: str, duration: float) -> "UpdateResult":
         body = json.loads(text)
         outputs = {k: (v["value"], bool(v["secret"])) for k, v in body.get("outputs", {}).items()}
+        real = body.get("real_outputs")
+        register_secret_outputs(outputs, real)
         return cls(body["outcome"], redact(body.get("message", "")), outputs, body.get("permalink", ""),
-                   body.get("summary", {}), duration, body.get("reason", ""))
+                   body.get("summary", {}), duration, body.get("reason", ""), real,
+                   redact(body.get("outputs_error", "")), dict(body.get("output_digests") or {}),
+                   body.get("outputs_digest", ""))
+
+
+def register_secret_outputs(outputs: dict[str, tuple[Any, bool]], real: dict[str, Any] | None) -> None:
+    """Add the real values of the secret outputs to the REDACTOR (idempotent)."""
+    for name, (_, secret) in outputs.items():
+        if secret and real is not None and name in real:
+            REDACTOR.add(*_secret_strings(real[name]))
+
+
+def _secret_strings(value: Any) -> list[str]:
+    """A secret output's value as text (as written to a Secret) and each string inside it."""
+    found = [value if isinstance(value, str) else json.dumps(value, sort_keys=True)]
+    if isinstance(value, dict):
+        for item in value.values():
+            found += _secret_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            found += _secret_strings(item)
+    elif not isinstance(value, str) and value is not None:
+        found.append(str(value))
+    return found
 
 
 class Engine(Protocol):

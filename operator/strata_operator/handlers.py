@@ -19,16 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from . import FINALIZER, GROUP, VERSION, metrics, status as st
 from .approval import (APPROVE_ANNOTATION, EVENT_PLAN_READY, EVENT_PLAN_REFUSED, PLAN_LABEL, PLAN_REFUSED,
                        PlanIdentity, approval_gate, awaiting_message, inputs_digest, plan_chunks, plan_digest,
                        plan_refused, plan_secret_name, plan_status)
-from .engine import AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult
+from .engine import (AutomationEngine, Engine, EngineSettings, EngineUnavailable, UpdateRequest, UpdateResult,
+                     register_secret_outputs)
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
+from .outputs import (outputs_secret_conflict, outputs_secret_data, outputs_secret_manifest,
+                      secret_needs_write)
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, drift_check_due,
-                       drift_status, plan_finalize, plan_stack, prerequisites_verdict, suspended_verdict,
-                       terminating_namespace_message)
+                       drift_status, plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
+                       prerequisites_verdict, suspended_verdict, terminating_namespace_message)
 from .redaction import REDACTOR, install_log_redaction, redact
 from .resolve import RefError, Resolved, resolve_stack
 from .rollout import RolloutStack, parse_waves, rollout_gate, rollout_progress
@@ -130,6 +134,8 @@ class StackSession:
                 del pending[field]
         self.status.update(pending)
         self.requests = Requests.of(self.meta.get("annotations"), self.status)
+        # What this pass found of its prerequisites' outputs (name -> digest); a run records it in lastUpdate.
+        self.consumed: dict[str, str] = {}
 
     def resync_seconds(self, spec: StackSpec) -> int:
         return spec.resync_seconds(self.ctx.settings.min_resync_seconds)
@@ -242,7 +248,7 @@ def _stack_dir(ctx: Context, namespace: str, name: str) -> Path:
 
 
 async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, project: Path, resolved: Resolved,
-                   run_dir: Path, message: str = "") -> UpdateRequest:
+                   run_dir: Path, message: str = "", real_outputs: bool = False) -> UpdateRequest:
     env = dict(resolved.env)
     if spec.service_account_name:
         minted = await ctx.kube.service_account_kubeconfig(namespace, spec.service_account_name)
@@ -261,7 +267,7 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
         secrets_provider=spec.secrets_provider, create=not spec.use_local_stack_only, refresh=spec.refresh,
         expect_no_refresh_changes=spec.expect_no_refresh_changes, targets=tuple(spec.targets),
         target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message,
-        run_program=spec.run_program)
+        run_program=spec.run_program, real_outputs=real_outputs)
 
 
 async def _recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
@@ -354,6 +360,10 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 
     plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
                       _now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
+    others = {p.name: await ctx.kube.get_stack(session.namespace, p.name) for p in spec.prerequisites}
+    consumed = prerequisite_digests(spec.prerequisites, others)
+    plan = plan_on_prerequisite_outputs(spec, plan, session.status.get("lastUpdate"), consumed)
+    session.consumed = consumed
     if plan.run is None:
         due, next_check = drift_check_due(spec, session.status.get("lastUpdate"), session.status.get("drift"), _now(),
                                           ctx.settings.min_resync_seconds)
@@ -373,10 +383,9 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 
     checks = []
     for prereq in spec.prerequisites:
-        check = check_prerequisite(prereq, await ctx.kube.get_stack(session.namespace, prereq.name), _now())
+        check = check_prerequisite(prereq, others[prereq.name], _now())
         if check.rerun_request:
-            other = await ctx.kube.get_stack(session.namespace, prereq.name) or {}
-            current = (other.get("metadata", {}).get("annotations") or {}).get(
+            current = ((others[prereq.name] or {}).get("metadata", {}).get("annotations") or {}).get(
                 "pulumi.com/reconciliation-request")
             if current != check.rerun_request:
                 await ctx.kube.annotate_stack(session.namespace, prereq.name,
@@ -387,9 +396,70 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         await session.write(blocked)
         return None
 
+    if plan.run == "up" and spec.outputs_secret is not None:
+        problem = await _outputs_secret_problem(session, spec.outputs_secret.name)
+        if problem is not None:
+            await session.stall(st.STALLED_OUTPUTS_SECRET, problem, st.EVENT_OUTPUT_FAILURE)
+            return RETRY_REFS_SECONDS
+
     if spec.manual_approval and plan.run == "up":
         return await _gated_update(session, spec, resolved, plan, revision, handle)
     return await _run_update(session, spec, resolved, plan, revision, handle)
+
+
+def _is_prerequisite(session: StackSession) -> bool:
+    """Whether a live Stack in the namespace lists this one as a prerequisite (its secret outputs then
+    need real values for their digests)."""
+    return any(session.name in watched.prerequisites for (ns, name), watched in session.ctx.registry.stacks.items()
+               if ns == session.namespace and name != session.name)
+
+
+def _api_problem(secret_name: str, verb: str, err: ApiException) -> str:
+    if err.status == 403:
+        return (f"spec.outputsSecret.name: the operator may not {verb} Secret {secret_name!r} (HTTP 403): grant it "
+                "get, create and update on secrets (rbac/clusterrole.yaml)")
+    # Only the status line, never the response body (which may quote what was sent), and redacted anyway.
+    return redact(f"spec.outputsSecret.name: {verb} Secret {secret_name!r} failed: HTTP {err.status} {err.reason}")
+
+
+async def _outputs_secret_problem(session: StackSession, secret_name: str) -> str | None:
+    """Before an update: why spec.outputsSecret could not receive its outputs (not this Stack's), or None."""
+    try:
+        existing = await session.ctx.kube.get_secret(session.namespace, secret_name)
+    except ApiException as err:
+        return _api_problem(secret_name, "read", err)
+    return outputs_secret_conflict(existing, session.name, session.meta.get("uid", ""), secret_name)
+
+
+async def _write_outputs_secret(session: StackSession, secret_name: str, result: UpdateResult) -> str | None:
+    """After a successful up: create or replace the outputs Secret when it differs; the problem, or None.
+    Nothing here puts a value into a message: API errors are reduced to their status and reason."""
+    if result.real_outputs is None:
+        return f"spec.outputsSecret: the update succeeded but {result.outputs_error or 'its outputs were not read'}"
+    register_secret_outputs(result.outputs, result.real_outputs)
+    kube, uid = session.ctx.kube, session.meta.get("uid", "")
+    data, skipped = outputs_secret_data(result.real_outputs)
+    verb = "read"
+    try:
+        existing = await kube.get_secret(session.namespace, secret_name)
+        conflict = outputs_secret_conflict(existing, session.name, uid, secret_name)
+        if conflict is not None:
+            return conflict
+        version = ((existing or {}).get("metadata") or {}).get("resourceVersion", "")
+        wanted = outputs_secret_manifest(session.namespace, secret_name, session.name, uid, data, version)
+        if secret_needs_write(existing, wanted):
+            verb = "create" if existing is None else "update"
+            if existing is None:
+                await kube.create_secret(session.namespace, wanted)
+            else:
+                await kube.replace_secret(session.namespace, secret_name, wanted)
+    except ApiException as err:
+        return _api_problem(secret_name, verb, err)
+    if skipped:
+        _event(session.body, st.EVENT_OUTPUT_FAILURE,
+               f"outputs {', '.join(repr(n) for n in skipped)} are not valid Secret keys (letters, digits, '-', '_', "
+               f"'.'): left out of Secret {secret_name!r}", warning=True)
+    return None
 
 
 async def _check_drift(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
@@ -568,7 +638,7 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
     ctx = session.ctx
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
-                       started=_now(), host=HOST)
+                       started=_now(), host=HOST, prerequisite_digests=tuple(sorted(session.consumed.items())))
     stack_dir = _stack_dir(ctx, session.namespace, session.name)
     run_dir = stack_dir / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -580,7 +650,8 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             return float(session.resync_seconds(spec)) if spec.project_repo or spec.polled else None
         try:
             request = await _request(ctx, spec, session.namespace, session.name, project, resolved, run_dir,
-                                     plan.message)
+                                     plan.message, real_outputs=spec.outputs_secret is not None or
+                                     _is_prerequisite(session))
         except RefError as err:
             return await _wait_for_reference(session, err)
         plan_file = run_dir / "plan.json"
@@ -597,10 +668,15 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
         if result.ok:
-            fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
+            problem = None
+            if run.kind == "up" and spec.outputs_secret is not None:
+                problem = await _write_outputs_secret(session, spec.outputs_secret.name, result)
             fields["projectInfo"] = project_info(project)
             if run.kind == "up":
+                # What the engine's state now holds, whether or not the Secret could be written.
                 fields["outputs"] = st.outputs_for_status(result.outputs)
+                fields["outputDigests"] = result.output_digests or None
+                fields["outputsDigest"] = result.outputs_digest or None
                 _keep_last_successful(project, stack_dir / "last-successful")
                 if session.status.get("plan"):  # applied, or no longer wanted (approval turned off)
                     await _drop_plan(session)
@@ -609,7 +685,13 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                     # The update refreshed first: whatever drifted is Pulumi's again.
                     fields["drift"] = drift_status({}, st.rfc3339(_now()))
                     metrics.mark_drifted(session.namespace, session.name, False)
-            _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
+            if problem is None:
+                fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
+                _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
+            else:
+                fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run,
+                                                        st.OUTPUTS_SECRET_FAILED, problem, result.permalink, _now())
+                _event(session.body, st.EVENT_OUTPUT_FAILURE, problem, warning=True)
         else:
             conflict = result.outcome == "conflict"
             refused = approval is not None and bool(approval.digest) and plan_refused(result.message)

@@ -165,6 +165,23 @@ class Kube:
             raise
         return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
 
+    async def get_secret(self, namespace: str, name: str) -> dict | None:
+        """The whole Secret as a dict (metadata, type, base64 data), or None if there is none."""
+        try:
+            secret = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_secret, name, namespace)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+        return self.api.sanitize_for_serialization(secret)
+
+    async def create_secret(self, namespace: str, body: dict) -> None:
+        await self._call(kubernetes.client.CoreV1Api(self.api).create_namespaced_secret, namespace, body)
+
+    async def replace_secret(self, namespace: str, name: str, body: dict) -> None:
+        """PUT with the body's resourceVersion: a concurrent writer makes this fail with 409."""
+        await self._call(kubernetes.client.CoreV1Api(self.api).replace_namespaced_secret, name, namespace, body)
+
     async def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
         try:
             cm = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_config_map, name, namespace)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from . import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
 from .approval import PLAN_REFUSED
 from .backoff import cooldown_seconds
+from .outputs import combine_digests
 from .spec import MIN_RESYNC_SECONDS, Prerequisite, StackSpec, parse_duration
 from .status import (FAILED, RECONCILING_PREREQUISITE, SUSPENDED, RECONCILING_PREVIEW_FAILED, RECONCILING_RETRY,
                      PULUMI_VERSION_TOO_LOW, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, UPDATE_BLOCKED,
@@ -194,11 +195,60 @@ def check_prerequisite(prereq: Prerequisite, other: dict[str, Any] | None, now: 
         return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} has not run to completion")
     if last.get("state") != SUCCEEDED:
         return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} failed")
+    outputs = (other.get("status") or {}).get("outputs") or {}
+    missing = [name for name in prereq.outputs or () if name not in outputs]
+    if missing:
+        return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} has no output "
+                                              f"{', '.join(repr(n) for n in missing)}, which this Stack's "
+                                              f"spec.prerequisites[].outputs lists: fix the list, or the "
+                                              f"prerequisite's program")
     within = prereq.requirement.succeeded_within_duration if prereq.requirement else None
     if within is not None and _elapsed(last.get("lastResyncTime"), now) > parse_duration(within):
         return PrerequisiteCheck(prereq.name, f"prerequisite {prereq.name!r} is out of date (older than {within})",
                                  rerun_request=f"after-{last.get('name', '')}")
     return PrerequisiteCheck(prereq.name, None)
+
+
+def consumed_digest(prereq: Prerequisite, other: dict[str, Any] | None) -> str | None:
+    """The digest of what this Stack consumes of a prerequisite's outputs: all of them
+    (`status.outputsDigest`) or those `prereq.outputs` names. None when unknown (the prerequisite has
+    not recorded digests, e.g. a secret output whose value was not read): never a reason to re-run."""
+    status = (other or {}).get("status") or {}
+    if prereq.outputs is None:
+        return status.get("outputsDigest") or None
+    digests, outputs = status.get("outputDigests") or {}, status.get("outputs") or {}
+    if not digests:
+        return None
+    picked: dict[str, str | None] = {}
+    for name in prereq.outputs:
+        if name in outputs and name not in digests:
+            return None
+        picked[name] = digests.get(name)  # None: the output does not exist (yet)
+    return combine_digests(picked)
+
+
+def prerequisite_digests(prerequisites: list[Prerequisite],
+                         others: dict[str, dict[str, Any] | None]) -> dict[str, str]:
+    """Name -> consumed digest of each prerequisite whose digest is known (recorded in lastUpdate by the run)."""
+    found = {p.name: consumed_digest(p, others.get(p.name)) for p in prerequisites}
+    return {name: digest for name, digest in found.items() if digest is not None}
+
+
+def plan_on_prerequisite_outputs(spec: StackSpec, plan: Plan, last: dict[str, Any] | None,
+                                 current: dict[str, str]) -> Plan:
+    """A Stack with nothing else to run re-runs when what it consumes of a prerequisite's outputs changed
+    since its last run (`lastUpdate.prerequisiteDigests`), not whenever a prerequisite ran: an update of
+    the prerequisite that leaves those outputs as they were re-runs nothing. A digest the last run did not
+    record (it ran before the prerequisite had one) counts as changed, as it may have."""
+    if plan.run is not None or not last:
+        return plan
+    ran_against = last.get("prerequisiteDigests") or {}
+    changed = [name for name, digest in sorted(current.items()) if ran_against.get(name) != digest]
+    if not changed:
+        return plan
+    kind: Literal["up", "preview"] = "preview" if spec.preview else "up"
+    names = ", ".join(repr(n) for n in changed)
+    return Plan(kind, f"Outputs of prerequisite {names} changed since the last update")
 
 
 def prerequisites_verdict(checks: list[PrerequisiteCheck]) -> Verdict | None:

@@ -24,6 +24,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _STACK_NAME = re.compile(r"^(?:[A-Za-z0-9_.-]+/){0,2}[A-Za-z0-9_.-]+$")
 _CONFIG_KEY = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?[A-Za-z0-9_.\-\[\]\"]+$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+# A DNS subdomain (RFC 1123), as Secret names are; the CRD has the same pattern.
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _GO_DURATION = re.compile(r"^(?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+$")
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -134,6 +136,14 @@ class Requirement(_Model):
 class Prerequisite(_Model):
     name: str
     requirement: Requirement | None = None
+    # Strata: the prerequisite's outputs this Stack consumes; only a change of these re-runs it (all when unset).
+    outputs: list[str] | None = None
+
+
+class OutputsSecret(_Model):
+    """Strata: the Secret (in the Stack's namespace) that receives every output's real value."""
+
+    name: str
 
 
 class Approval(_Model):
@@ -194,6 +204,8 @@ class StackSpec(_Model):
     preview: bool = False
     # Strata, Flux's convention: no runs while true (deletion still destroys).
     suspend: bool = False
+    # Strata: write every output (secret ones with their real values) into this Secret after each update.
+    outputs_secret: OutputsSecret | None = Field(default=None, alias="outputsSecret")
     # Strata: approve exactly the plan a preview saved (approval.py).
     approval: Approval | None = None
     drift_detection: DriftDetection | None = Field(default=None, alias="driftDetection")
@@ -448,6 +460,16 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
         if prereq.name in names:
             issues.append(SpecIssue(f"spec.prerequisites[{i}].name", "listed twice", "list each prerequisite once"))
         names.add(prereq.name)
+        for j, output in enumerate(prereq.outputs or []):
+            if not output:
+                issues.append(SpecIssue(f"spec.prerequisites[{i}].outputs[{j}]", "empty output name",
+                                        "name an output of the prerequisite Stack"))
+            elif output in (prereq.outputs or [])[:j]:
+                issues.append(SpecIssue(f"spec.prerequisites[{i}].outputs[{j}]", "listed twice",
+                                        "list each output once"))
+        if prereq.outputs is not None and not prereq.outputs:
+            issues.append(SpecIssue(f"spec.prerequisites[{i}].outputs", "empty list",
+                                    "name the outputs this Stack consumes, or remove the field to consume all"))
         within = prereq.requirement.succeeded_within_duration if prereq.requirement else None
         if within is not None:
             try:
@@ -462,6 +484,15 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
     if spec.service_account_name and not _DNS_NAME.match(spec.service_account_name):
         issues.append(SpecIssue("spec.serviceAccountName", "not a ServiceAccount name",
                                 "use the name of a ServiceAccount in the Stack's namespace"))
+    if spec.outputs_secret is not None:
+        name = spec.outputs_secret.name
+        if not name or len(name) > 253 or not _SUBDOMAIN.match(name):
+            issues.append(SpecIssue("spec.outputsSecret.name", f"{name!r} is not a Secret name",
+                                    "use lowercase letters, digits, '-' and '.', starting and ending with a letter "
+                                    "or digit (at most 253)"))
+        if spec.preview:
+            issues.append(SpecIssue("spec.outputsSecret", "a preview Stack has no outputs to write",
+                                    "remove spec.outputsSecret or spec.preview"))
     if spec.drift_detection is not None:
         try:
             if parse_duration(spec.drift_detection.interval) <= 0:

@@ -40,6 +40,12 @@ STALLED_SOURCE_UNAVAILABLE = "SourceUnavailable"
 STALLED_CONFLICT = "UpdateConflict"
 STALLED_UPDATE_FAILED = "UpdateFailed"
 STALLED_DESTROY_BLOCKED = "DestroyBlocked"
+# spec.outputsSecret names a Secret that exists and is not this Stack's, or one the operator may not read
+# (Strata): nothing runs until it is renamed, the Secret deleted or the grant given (checked every 30 s).
+STALLED_OUTPUTS_SECRET = "OutputsSecretUnwritable"
+# lastUpdate.reason of an update that succeeded but whose outputs could not be written to spec.outputsSecret:
+# retried with backoff like any failure.
+OUTPUTS_SECRET_FAILED = "OutputsSecretFailed"
 # The program's dependencies (requirements.txt) do not install: PKO's workspace that fails to install.
 WORKSPACE_FAILED = "WorkspaceFailed"
 # On deletion the namespace is terminating and what the destroy needs is gone with it (PKO v2).
@@ -161,6 +167,11 @@ class RunRecord:
     commit: str
     started: datetime
     host: str
+    # What the run consumed of its prerequisites' outputs: name -> digest (planning.prerequisite_digests).
+    prerequisite_digests: tuple[tuple[str, str], ...] = ()
+
+    def consumed(self) -> dict[str, Any]:
+        return {"prerequisiteDigests": dict(self.prerequisite_digests)} if self.prerequisite_digests else {}
 
 
 def current_update(run: RunRecord) -> dict[str, Any]:
@@ -200,6 +211,7 @@ def succeeded_update(run: RunRecord, permalink: str, now: datetime) -> dict[str,
         "lastResyncTime": rfc3339(now),
         "message": "",
         "failures": 0,
+        **run.consumed(),
     }
 
 
@@ -223,6 +235,7 @@ def failed_update(previous: dict[str, Any] | None, run: RunRecord, reason: str, 
         "lastResyncTime": rfc3339(now),
         "message": message,
         "failures": (int(prev.get("failures", 0)) + 1) if same_target else 1,
+        **run.consumed(),
     }
 
 

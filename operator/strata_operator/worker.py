@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import selectors
 import signal
 import socket
@@ -30,6 +31,7 @@ from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, Stack
                                       StackNotFoundError, create_command_error)
 
 from .engine import RESULT_PREFIX
+from .outputs import output_digests, outputs_digest
 from .plugins import cached_plugins, link_plugins, missing_plugin, missing_plugin_advice
 from .pythonenv import PythonEnvError, ensure_virtualenv
 from .redaction import Redactor
@@ -275,6 +277,71 @@ def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> d
             "engine_output": result.stdout + result.stderr}
 
 
+# Beside the Stack's HOME: the key of its secret outputs' digests (outputs.py).
+DIGEST_KEY = "outputs-digest.key"
+
+
+def _digest_key(path: Path) -> bytes:
+    """The Stack's random digest key, created private (0600) on first use."""
+    try:
+        key = path.read_bytes()
+        if len(key) == 32:
+            return key
+    except FileNotFoundError:
+        pass
+    key = secrets.token_bytes(32)
+    partial = path.with_suffix(".partial")
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+        file.write(key)
+    partial.replace(path)
+    return key
+
+
+def _show_secrets(command: auto.PulumiCommand, workdir: str, stack_name: str) -> dict[str, Any]:
+    """The outputs' real values (`stack output --json --show-secrets`). Run directly, not through the
+    Automation API, whose errors carry the CLI's stdout: nothing of it may reach a message."""
+    done = subprocess.run([command.command, "stack", "output", "--json", "--show-secrets", "--non-interactive",
+                           "--stack", stack_name], capture_output=True, text=True, cwd=workdir)
+    if done.returncode != 0:
+        raise RuntimeError(f"`pulumi stack output --show-secrets` exited with {done.returncode}")
+    try:
+        values = json.loads(done.stdout or "{}")
+    except ValueError:
+        raise RuntimeError("`pulumi stack output --show-secrets` did not print JSON") from None
+    if not isinstance(values, dict):
+        raise RuntimeError("`pulumi stack output --show-secrets` did not print an object")
+    return values
+
+
+def with_output_values(command: auto.PulumiCommand, request: dict[str, Any], workdir: str,
+                       result: dict[str, Any]) -> dict[str, Any]:
+    """Add to an up's result the outputs' digests and, if the request asks, their real values.
+
+    Plain outputs' values are the event log's; secret ones cost one more CLI run, made only when the
+    request asks for real values (spec.outputsSecret, or the Stack is a prerequisite) and an output is
+    secret. Without it a secret output has no digest."""
+    outputs = {name: (entry["value"], bool(entry["secret"])) for name, entry in result.get("outputs", {}).items()}
+    any_secret = any(secret for _, secret in outputs.values())
+    real: dict[str, Any] | None = None
+    if request.get("real_outputs"):
+        if any_secret:
+            try:
+                real = _show_secrets(command, workdir, request["stack_name"])
+            except (OSError, RuntimeError) as err:
+                result["outputs_error"] = f"reading the outputs' values failed: {err}"
+        else:
+            real = {name: value for name, (value, _) in outputs.items()}
+        if real is not None:
+            result["real_outputs"] = real
+    key = _digest_key(Path(os.environ["HOME"]).parent / DIGEST_KEY) if any_secret and real is not None else b""
+    digests = output_digests(outputs, real, key)
+    result["output_digests"] = digests
+    total = outputs_digest(outputs, digests)
+    if total:
+        result["outputs_digest"] = total
+    return result
+
+
 class UpdateBlocked(Exception):
     """A failure that retrying cannot fix; the message names what to change."""
 
@@ -379,7 +446,8 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
 
     create = request["create"] and operation != "destroy"
     if operation == "up":
-        return _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir))
+        result = _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir))
+        return with_output_values(pulumi_command, request, workdir, result)
     if operation == "preview" and request["plan_file"]:
         return _on_stack(workspace, request, known, create, lambda: _save_plan(pulumi_command, request, workdir))
     if operation == "refresh" and request["preview_only"]:

@@ -36,6 +36,7 @@ def test_packaged_operator_rbac_is_least_privilege_rule_by_rule():
         ("source.toolkit.fluxcd.io", "buckets"): READ,
         ("source.toolkit.fluxcd.io", "helmcharts"): {"get"},
         ("source.toolkit.fluxcd.io", "externalartifacts"): {"get"},
+        # create and update: spec.outputsSecret's Secret (only one its Stack owns is ever replaced).
         ("", "secrets"): {"get", "create", "update"}, ("", "configmaps"): {"get"},
         ("", "serviceaccounts/token"): {"create"},
         ("", "events"): {"create", "patch"}, ("events.k8s.io", "events"): {"create", "patch"},
@@ -65,7 +66,8 @@ def test_operator_rbac_never_grants_wildcards_deletes_or_escalation():
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
             assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
             assert "rbac.authorization.k8s.io" not in rule["apiGroups"]
-            # Secrets are read one by one (refs) and written by name (approval plans), never listed or watched.
+            # Secrets are read one by one (refs) and written by name (approval plans, spec.outputsSecret), never
+            # listed or watched.
             if "secrets" in rule["resources"]:
                 assert set(rule["verbs"]) <= {"get", "create", "update"}
 

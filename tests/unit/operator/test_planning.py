@@ -5,9 +5,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from strata_operator.backoff import cooldown_seconds
-from strata_operator.planning import (Requests, check_prerequisite, drift_check_due, drift_status, plan_finalize,
-                                      plan_stack, prerequisites_verdict, suspended_verdict,
-                                      terminating_namespace_message)
+from strata_operator.outputs import combine_digests
+from strata_operator.planning import (Requests, check_prerequisite, consumed_digest, drift_check_due, drift_status,
+                                      plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
+                                      prerequisites_verdict, suspended_verdict, terminating_namespace_message)
 from strata_operator.spec import Prerequisite, Requirement, parse_stack_spec
 from strata_operator.status import RunRecord, failed_update, rfc3339, succeeded_update
 
@@ -234,6 +235,79 @@ def test_a_suspended_stack_reads_as_its_last_update_left_it():
     assert not bad.last_succeeded and "failed" in bad.message and "boom" in bad.message
     for verdict in (never, good, bad):
         assert verdict.reason == "Suspended" and "spec.suspend is false" in verdict.message
+
+
+def prereq_with_outputs(digests, outputs=None, total=None):
+    obj = stack_obj(last=ok())
+    obj["status"].update(outputs=outputs if outputs is not None else {k: "v" for k in digests},
+                         outputDigests=digests)
+    if total:
+        obj["status"]["outputsDigest"] = total
+    return obj
+
+
+def test_a_dependent_consumes_all_outputs_or_only_those_it_names():
+    base = prereq_with_outputs({"url": "sha256:1", "port": "sha256:2"}, total="sha256:all")
+    assert consumed_digest(Prerequisite(name="base"), base) == "sha256:all"
+    named = consumed_digest(Prerequisite(name="base", outputs=["url"]), base)
+    assert named == combine_digests({"url": "sha256:1"})
+    # Another output changing leaves what this dependent consumes as it was.
+    other = prereq_with_outputs({"url": "sha256:1", "port": "sha256:CHANGED"}, total="sha256:all2")
+    assert consumed_digest(Prerequisite(name="base", outputs=["url"]), other) == named
+    assert consumed_digest(Prerequisite(name="base"), other) != "sha256:all"
+
+
+def test_an_unknown_digest_is_none_never_a_change():
+    assert consumed_digest(Prerequisite(name="base"), None) is None
+    assert consumed_digest(Prerequisite(name="base"), stack_obj(last=ok())) is None
+    # A secret output whose value was not read has no digest: what it consumes is unknown.
+    secret_unread = prereq_with_outputs({"url": "sha256:1"}, outputs={"url": "u", "password": "[secret]"})
+    assert consumed_digest(Prerequisite(name="base", outputs=["password"]), secret_unread) is None
+    assert consumed_digest(Prerequisite(name="base", outputs=["url"]), secret_unread) is not None
+    assert prerequisite_digests([Prerequisite(name="base"), Prerequisite(name="gone")],
+                                {"base": prereq_with_outputs({}, total="sha256:t"), "gone": None}) == {
+        "base": "sha256:t"}
+
+
+def test_a_prerequisite_rerun_with_the_same_outputs_runs_nothing_and_a_change_runs_once():
+    ready = plan_stack(spec(), 1, Requests(), ok(), SHA, NOW)
+    assert ready.run is None
+    last = dict(ok(), prerequisiteDigests={"base": "sha256:a"})
+    unchanged = plan_on_prerequisite_outputs(spec(), ready, last, {"base": "sha256:a"})
+    assert unchanged is ready
+    changed = plan_on_prerequisite_outputs(spec(), ready, last, {"base": "sha256:b"})
+    assert changed.run == "up" and changed.message == "Outputs of prerequisite 'base' changed since the last update"
+    assert plan_on_prerequisite_outputs(spec(preview=True), ready, last, {"base": "sha256:b"}).run == "preview"
+    # Unknown now (no digest): nothing to compare, nothing runs.
+    assert plan_on_prerequisite_outputs(spec(), ready, last, {}) is ready
+    # A run that predates the prerequisite's digest may have consumed other values: it runs once.
+    assert plan_on_prerequisite_outputs(spec(), ready, ok(), {"base": "sha256:a"}).run == "up"
+    # A run already planned keeps its own reason; a Stack never run has its initial update.
+    first = plan_stack(spec(), 1, Requests(), None, SHA, NOW)
+    assert plan_on_prerequisite_outputs(spec(), first, None, {"base": "sha256:b"}) is first
+
+
+def test_a_failed_dependent_is_retried_at_once_when_what_it_consumes_changed():
+    last = dict(failed(1), prerequisiteDigests={"base": "sha256:a"})
+    waiting = plan_stack(spec(), 1, Requests(), last, SHA, NOW)
+    assert waiting.run is None and waiting.verdict.reason == "RetryingAfterFailure"
+    assert plan_on_prerequisite_outputs(spec(), waiting, last, {"base": "sha256:a"}) is waiting
+    assert plan_on_prerequisite_outputs(spec(), waiting, last, {"base": "sha256:b"}).run == "up"
+
+
+def test_runs_record_the_digests_they_consumed():
+    record = RunRecord("s-1", "up", 1, "", SHA, NOW, "host", prerequisite_digests=(("base", "sha256:a"),))
+    assert succeeded_update(record, "", NOW)["prerequisiteDigests"] == {"base": "sha256:a"}
+    assert failed_update(None, record, "UpdateFailed", "boom", "", NOW)["prerequisiteDigests"] == {"base": "sha256:a"}
+    assert "prerequisiteDigests" not in succeeded_update(run(), "", NOW)
+
+
+def test_a_named_output_the_prerequisite_lacks_blocks_naming_it():
+    base = prereq_with_outputs({"url": "sha256:1"})
+    check = check_prerequisite(Prerequisite(name="base", outputs=["url", "endpoint"]), base, NOW)
+    assert check.problem.startswith("prerequisite 'base' has no output 'endpoint'")
+    assert "spec.prerequisites[].outputs" in check.problem
+    assert check_prerequisite(Prerequisite(name="base", outputs=["url"]), base, NOW).problem is None
 
 
 def test_drift_is_checked_every_interval_from_the_last_check_or_update():

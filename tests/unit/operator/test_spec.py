@@ -90,6 +90,15 @@ BAD_SPECS = [
     ("preview with destroyOnFinalize", with_(preview=True, destroyOnFinalize=True), "spec.destroyOnFinalize"),
     ("configRef bad name", with_(configRef={"k": {"name": "Bad_Name", "key": "k"}}), "spec.configRef.k.name"),
     ("envs not a list", with_(envs="cm"), "spec.envs"),
+    ("outputsSecret bad name", with_(outputsSecret={"name": "Bad_Name"}), "spec.outputsSecret.name"),
+    ("outputsSecret name too long", with_(outputsSecret={"name": "a" * 254}), "spec.outputsSecret.name"),
+    ("outputsSecret without name", with_(outputsSecret={}), "spec.outputsSecret.name"),
+    ("outputsSecret on a preview Stack", with_(preview=True, outputsSecret={"name": "out"}), "spec.outputsSecret"),
+    ("prerequisite outputs empty", with_(prerequisites=[{"name": "a", "outputs": []}]), "spec.prerequisites[0].outputs"),
+    ("prerequisite output twice", with_(prerequisites=[{"name": "a", "outputs": ["x", "x"]}]),
+     "spec.prerequisites[0].outputs[1]"),
+    ("prerequisite output empty", with_(prerequisites=[{"name": "a", "outputs": [""]}]),
+     "spec.prerequisites[0].outputs[0]"),
 ]
 
 
@@ -228,3 +237,29 @@ def test_a_file_backend_inside_a_pko_workspace_volume_is_named():
     assert backend_in_workspace_volume(spec, "s3://bucket") is None
     without_template = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}}, "team")
     assert backend_in_workspace_volume(without_template, "file:///state/") is None
+
+
+def test_outputs_secret_and_consumed_outputs_parse():
+    parsed = parse_stack_spec(with_(outputsSecret={"name": "app.outputs"},
+                                    prerequisites=[{"name": "base", "outputs": ["url"]}, {"name": "db"}]), "ns")
+    assert parsed.outputs_secret.name == "app.outputs"
+    assert [p.outputs for p in parsed.prerequisites] == [["url"], None]
+
+
+def test_crd_validates_the_outputs_fields_as_the_model_does():
+    import re
+
+    crd = yaml.safe_load((CRDS / "pulumi.com_stacks.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    name = schema["properties"]["spec"]["properties"]["outputsSecret"]["properties"]["name"]
+    for good in ("out", "app.outputs", "a-1"):
+        assert re.fullmatch(name["pattern"], good)
+    for bad in ("Bad_Name", "-x", "x-", "a..b"):
+        assert not re.fullmatch(name["pattern"], bad)
+        with pytest.raises(SpecInvalid):
+            parse_stack_spec(with_(outputsSecret={"name": bad}), "ns")
+    prereq = schema["properties"]["spec"]["properties"]["prerequisites"]["items"]["properties"]
+    assert prereq["outputs"]["minItems"] == 1
+    status = schema["properties"]["status"]["properties"]
+    assert {"outputsDigest", "outputDigests"} <= set(status)
+    assert "prerequisiteDigests" in status["lastUpdate"]["properties"]

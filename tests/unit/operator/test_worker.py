@@ -174,3 +174,80 @@ def test_the_update_log_is_redacted_private_and_replaced_by_the_next_run(tmp_pat
     assert path.stat().st_mode & 0o777 == 0o600
     write_update_log(path, {**request, "operation": "destroy"}, {"outcome": "succeeded"}, "gone\n", redactor)
     assert json.loads(path.read_text())["output"] == "gone\n" and not path.with_suffix(".partial").exists()
+
+
+class _FakeCli:
+    """A `pulumi` that only answers `stack output --json --show-secrets` (or fails), counting its runs."""
+
+    def __init__(self, tmp_path, values, code=0):
+        self.calls = tmp_path / "calls"
+        script = tmp_path / "pulumi"
+        script.write_text(f"#!/bin/sh\necho \"$@\" >> {self.calls}\necho '{json.dumps(values)}'\n"
+                          f"echo 'the values: {json.dumps(values)}' >&2\nexit {code}\n")
+        script.chmod(0o755)
+        self.command = str(script)
+
+    def runs(self):
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def _up_result(**outputs):
+    return {"outcome": "succeeded", "outputs": {k: {"value": None if s else v, "secret": s}
+                                                for k, (v, s) in outputs.items()}}
+
+
+def test_real_values_cost_a_cli_run_only_when_asked_and_an_output_is_secret(tmp_path, monkeypatch):
+    from strata_operator.worker import DIGEST_KEY, with_output_values
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    cli = _FakeCli(tmp_path, {"url": "http://x", "password": "hunter2-real"})
+    request = {"stack_name": "dev", "real_outputs": True}
+    # No secret output: the event log's values are the real ones, no CLI run.
+    plain = with_output_values(cli, request, str(tmp_path), _up_result(url=("http://x", False)))
+    assert plain["real_outputs"] == {"url": "http://x"} and plain["outputs_digest"] and cli.runs() == []
+    assert not (tmp_path / DIGEST_KEY).exists()
+    # Not asked: a secret output has no digest and the total is unknown; still no CLI run.
+    unread = with_output_values(cli, {"stack_name": "dev", "real_outputs": False}, str(tmp_path),
+                                _up_result(url=("http://x", False), password=(None, True)))
+    assert "real_outputs" not in unread and "outputs_digest" not in unread
+    assert set(unread["output_digests"]) == {"url"} and cli.runs() == []
+    # Asked, with a secret output: one `stack output --show-secrets`, keyed digest, key kept private.
+    real = with_output_values(cli, request, str(tmp_path), _up_result(url=("http://x", False), password=(None, True)))
+    assert cli.runs() == ["stack output --json --show-secrets --non-interactive --stack dev"]
+    assert real["real_outputs"] == {"url": "http://x", "password": "hunter2-real"}
+    assert real["output_digests"]["password"].startswith("hmac-sha256:")
+    assert real["output_digests"]["url"] == unread["output_digests"]["url"]
+    assert "hunter2-real" not in json.dumps({k: v for k, v in real.items() if k != "real_outputs"})
+    assert (tmp_path / DIGEST_KEY).stat().st_mode & 0o777 == 0o600
+    again = with_output_values(cli, request, str(tmp_path), _up_result(url=("http://x", False), password=(None, True)))
+    assert again["outputs_digest"] == real["outputs_digest"], "the key is kept: same values, same digest"
+
+
+def test_a_failed_read_of_real_values_says_so_without_any_output_of_the_cli(tmp_path, monkeypatch):
+    from strata_operator.worker import with_output_values
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cli = _FakeCli(tmp_path, {"password": "hunter2-real"}, code=1)
+    result = with_output_values(cli, {"stack_name": "dev", "real_outputs": True}, str(tmp_path),
+                                _up_result(password=(None, True)))
+    assert "real_outputs" not in result and "outputs_digest" not in result
+    assert result["outputs_error"] == "reading the outputs' values failed: `pulumi stack output --show-secrets` " \
+                                      "exited with 1"
+
+
+def test_real_secret_values_are_registered_for_redaction_and_never_in_the_results_repr():
+    from strata_operator.engine import UpdateResult
+    from strata_operator.redaction import redact
+
+    line = json.dumps({"outcome": "succeeded",
+                       "outputs": {"url": {"value": "http://plain", "secret": False},
+                                   "db": {"value": None, "secret": True}},
+                       "real_outputs": {"url": "http://plain", "db": {"user": "admin", "password": "s3cr3t-nested"}},
+                       "output_digests": {"url": "sha256:1"}, "outputs_digest": "sha256:t"})
+    result = UpdateResult.from_json(line, 1.0)
+    assert result.real_outputs["db"]["password"] == "s3cr3t-nested"
+    assert "s3cr3t-nested" not in repr(result) and "http://plain" in repr(result)
+    assert redact("leaked s3cr3t-nested here") == "leaked [secret] here"
+    assert redact("see http://plain") == "see http://plain", "plain outputs stay readable"
+    assert (result.outputs_digest, result.output_digests) == ("sha256:t", {"url": "sha256:1"})
