@@ -157,13 +157,8 @@ class Kube:
             await self._call(core.replace_namespaced_secret, name, namespace, body)
 
     async def secret_bytes(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        try:
-            secret = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_secret, name, namespace)
-        except ApiException as err:
-            if _absent(err):
-                return None
-            raise
-        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+        secret = await self.get_secret(namespace, name)
+        return None if secret is None else {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         """The whole Secret as a dict (metadata, type, base64 data), or None if there is none."""
