@@ -76,3 +76,18 @@ def test_a_program_change_rolls_out_in_waves_and_halts_where_it_fails(stacks):
                                                           "fleet")["status"]["rollout"]
     assert progress["revision"] == "fleet/3" and progress["currentWave"] == 1
     assert progress["halted"] == "wave 1: canary-a, canary-b failed fleet/3; later waves wait"
+
+
+def test_a_wave_with_both_a_selector_and_a_count_is_refused_naming_it(stacks):
+    from kubernetes import client
+
+    try:
+        stacks.custom.create_namespaced_custom_object(GROUP, VERSION, stacks.namespace, "programs", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": "both"},
+            "rollout": {"waves": [{"selector": {"matchLabels": {"ring": "a"}}, "count": 2}]},
+            "program": _program("v1")})
+    except client.ApiException as error:
+        assert error.status == 422 and "rollout.waves[0]" in error.body
+        assert "a wave has exactly one of selector and count" in error.body
+    else:
+        raise AssertionError("the API server accepted a wave with both a selector and a count")
