@@ -353,7 +353,8 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         await session.write(st.Verdict("reconciling", st.RECONCILING_SOURCE, str(err)))
         return None
     except SourceError as err:
-        auth = any(s in str(err) for s in ("Authentication failed", "could not read Username", "403", "401"))
+        auth = any(s in str(err) for s in ("Authentication failed", "could not read Username", "403", "401",
+                                           "Permission denied (publickey"))
         await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err),
                             st.EVENT_GIT_AUTH_FAILURE if auth else None)
         return poll

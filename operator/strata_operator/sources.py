@@ -18,6 +18,7 @@ import http.client
 import json
 import os
 import posixpath
+import re
 import shlex
 import subprocess
 import tarfile
@@ -247,14 +248,24 @@ def _git_env(creds: GitCredentials | None, scratch: Path) -> dict[str, str]:
     return env
 
 
+_GIT_CAUSE = re.compile(r"^(?:fatal|error|remote):|Permission denied|Host key verification failed")
+
+
+def git_failure(output: str, code: int) -> str:
+    """What a failed git command said that names the cause (its fatal/error lines, ssh's refusal), not
+    the advice around them ("Please make sure you have the correct access rights...")."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    causes = [line for line in lines if _GIT_CAUSE.search(line)] or lines[-1:]
+    return "; ".join(dict.fromkeys(causes))[:800] or f"exit {code}"
+
+
 def _run_git(args: list[str], env: dict[str, str], cwd: Path | None, timeout: float) -> str:
     try:
         done = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise SourceError(f"git {args[0]} timed out after {timeout:g}s") from None
     if done.returncode != 0:
-        detail = (done.stderr or done.stdout).strip().splitlines()
-        raise SourceError(f"git {args[0]} failed: {detail[-1] if detail else f'exit {done.returncode}'}")
+        raise SourceError(f"git {args[0]} failed: {git_failure(done.stderr or done.stdout, done.returncode)}")
     return done.stdout
 
 

@@ -86,3 +86,53 @@ def test_each_mode_fetches_with_the_right_credential_and_stalls_clearly_with_a_w
     for secret, encodings in forms.items():
         for where, text in everything.items():
             assert not any(form in text for form in encodings), f"{secret} leaked into the {where}"
+
+
+def test_an_ssh_key_fetches_when_authorized_and_a_wrong_key_stalls_clearly(stacks, operator, tmp_path):
+    """sshAuth against a real SSH server that checks keys: the authorized key (also one protected by a
+    passphrase, given as sshAuth.password) fetches; a key the server does not know stalls the Stack with
+    StackGitAuthenticationFailure, and no private key or passphrase shows anywhere."""
+    import asyncssh
+
+    from .ssh_git_server import SshGitServer
+
+    passphrase = "ssh-passphrase-77c1e0-do-not-leak"
+    right, protected, wrong = (asyncssh.generate_private_key("ssh-ed25519") for _ in range(3))
+    server = SshGitServer(tmp_path / "repos", [key.export_public_key().decode() for key in (right, protected)])
+    server.root.mkdir()
+    server.start()
+    try:
+        repos = GitRepos(server.root, f"ssh://git@127.0.0.1:{server.port}")
+        repos.create(f"{stacks.namespace}-ssh", {"Pulumi.yaml": stash_project("ssh", mode="ssh")})
+        url = server.url(f"{stacks.namespace}-ssh")
+        keys = {"right": right.export_private_key().decode(),
+                "protected": protected.export_private_key(passphrase=passphrase).decode(),
+                "wrong": wrong.export_private_key().decode()}
+        for name, key in keys.items():
+            stacks.secret(f"ssh-{name}", {"key": key, "passphrase": passphrase})
+            auth = {"sshPrivateKey": {"type": "Secret", "secret": {"name": f"ssh-{name}", "key": "key"}}}
+            if name == "protected":
+                auth["password"] = {"type": "Secret", "secret": {"name": f"ssh-{name}", "key": "passphrase"}}
+            stacks.create(f"ssh-{name}", stacks.spec(stack=f"ssh-{name}", projectRepo=url, branch="main",
+                                                     gitAuth={"sshAuth": auth}))
+
+        for name in ("right", "protected"):
+            assert stacks.wait_ready(f"ssh-{name}", 90)["status"]["outputs"] == {"mode": "ssh"}
+        stalled = stacks.wait_stalled("ssh-wrong", "SourceUnavailable", 90)
+        message = next(c for c in stalled["status"]["conditions"] if c["type"] == "Stalled")["message"]
+        assert "Permission denied (publickey)" in message, message
+        assert stacks.wait_events("ssh-wrong", "StackGitAuthenticationFailure")
+        assert stacks.runs("ssh-wrong") == 0
+    finally:
+        server.stop()
+
+    everything = "\n".join([
+        json.dumps([stacks.get(f"ssh-{name}") for name in keys]),
+        json.dumps([e.to_dict() for e in stacks.core.list_namespaced_event(stacks.namespace).items], default=str),
+        operator.log_text(),
+        *(p.read_text(errors="replace") for p in Path(operator.state_dir).rglob("*")
+          if p.is_file() and p.stat().st_size < 1 << 20)])
+    for name, key in keys.items():
+        body = max(key.splitlines(), key=len)  # the longest base64 line of the private key
+        assert body not in everything, f"the {name} private key leaked"
+    assert passphrase not in everything

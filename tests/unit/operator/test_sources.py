@@ -280,3 +280,15 @@ def test_git_branch_head_and_checkout(tmp_path):
     assert git_checkout(url, head[:10], tmp_path / "co2", None) == head
     with pytest.raises(SourceError, match="branch 'nope' not found"):
         git_branch_head(url, "nope", None)
+
+
+def test_a_git_failure_says_its_cause_not_the_advice_around_it():
+    from strata_operator.sources import git_failure
+
+    ssh = ("Warning: Permanently added '[127.0.0.1]:4022' (ED25519) to the list of known hosts.\n"
+           "git@127.0.0.1: Permission denied (publickey).\nfatal: Could not read from remote repository.\n\n"
+           "Please make sure you have the correct access rights\nand the repository exists.\n")
+    assert git_failure(ssh, 128) == ("git@127.0.0.1: Permission denied (publickey).; "
+                                     "fatal: Could not read from remote repository.")
+    assert git_failure("something odd\nlast words\n", 1) == "last words"
+    assert git_failure("", 128) == "exit 128"
