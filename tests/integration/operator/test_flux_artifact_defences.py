@@ -109,6 +109,8 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Artifa
     link.type, link.linkname = tarfile.SYMTYPE, str(outside)
     files["/symlink.tar.gz"] = _tarball([_file("Pulumi.yaml", project), (link, None),
                                         _file("escape/planted", b"written through a link")])
+    # A link alone, nothing written through it: a program could still read the operator's files through it.
+    files["/link-out.tar.gz"] = _tarball([_file("Pulumi.yaml", project), (link, None)])
     server = Artifacts(files)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server, outside
@@ -139,7 +141,8 @@ CASES = {
     # name: (artifact path, digest published for it (None: its real digest), what the Stalled message says)
     "digest-mismatch": ("/good.tar.gz", _sha256(b"something else"), "artifact digest mismatch"),
     "tar-bomb": ("/bomb.tar.gz", None, f"archive expands beyond the {DEFAULT_MAX_UNPACKED_BYTES} byte limit"),
-    "symlink-escape": ("/symlink.tar.gz", None, "outside"),
+    "symlink-escape": ("/symlink.tar.gz", None, "points outside"),
+    "link-out": ("/link-out.tar.gz", None, "points outside"),
     "oversize": (OVERSIZE, _sha256(b"never checked"), f"larger than the {DEFAULT_MAX_ARTIFACT_BYTES} byte limit"),
 }
 
