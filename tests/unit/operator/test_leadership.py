@@ -247,6 +247,30 @@ def test_the_leader_renews_until_cancelled(fast, stops):
     assert reasons == []
 
 
+def test_a_cancel_that_races_a_finished_renewal_still_stops_the_loop(fast, stops):
+    """Python 3.11's wait_for returns the inner result when the cancel arrives as it finishes; the renew
+    loop must not lose that cancel (the cleanup waiting for it would hang, as a CI run once did)."""
+    reasons, _ = stops
+
+    async def scenario():
+        elector = Elector(FakeLeases(), "ns", "leader", "a_1")
+        await acquire(elector)
+        renew = elector.step
+
+        async def step_then_cancelled():
+            decision = await renew()
+            renewing.cancel()  # the cleanup's cancel, landing just as the renewal completes
+            return decision
+
+        elector.step = step_then_cancelled
+        renewing = asyncio.create_task(keep(elector))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(renewing), 2)
+
+    run(scenario())
+    assert reasons == []
+
+
 def test_the_leader_stops_once_another_holds_the_lease(fast, stops):
     reasons, Stopped = stops
 
