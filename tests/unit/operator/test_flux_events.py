@@ -32,7 +32,7 @@ def run(coro):
 
 
 def test_a_success_event_is_a_flux_info_event_about_the_stack():
-    event = build_flux_event(STACK, "StackUpdateSuccessful", "Successfully updated stack", revision="main@sha1:abc",
+    event = build_flux_event(STACK, "StackCreated", "Successfully updated stack", revision="main@sha1:abc",
                              now=NOW, instance="host-1")
     assert event == {
         # reference.GetReference's fields, as Flux's recorder sends them.
@@ -41,7 +41,7 @@ def test_a_success_event_is_a_flux_info_event_about_the_stack():
         "severity": "info",
         "timestamp": "2026-11-24T09:30:05Z",  # metav1.Time: RFC 3339, whole seconds, UTC
         "message": "Successfully updated stack",
-        "reason": "StackUpdateSuccessful",
+        "reason": "StackCreated",
         # Keys prefixed with the involved object's API group (the event server keeps only those and
         # event.toolkit.fluxcd.io/ ones), and the object's event.toolkit.fluxcd.io/* annotations.
         "metadata": {"pulumi.com/revision": "main@sha1:abc", "event.toolkit.fluxcd.io/cluster": "prod-eu"},
