@@ -17,7 +17,7 @@ from pathlib import Path
 from . import stackctl
 from .local import devstack, toolchain
 from .local.images import ImageError
-from .local.platform import HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
+from .local.platform import DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
 from .local.processes import ProcessError
 
 
@@ -146,7 +146,8 @@ def _local_options() -> argparse.ArgumentParser:
     options.add_argument("--real-nodes", type=int, default=argparse.SUPPRESS,
                          help="nodes where pods really run: kubelet on containerd, needs root (default: 0)")
     options.add_argument("--controllers", default=argparse.SUPPRESS,
-                         help=f"host controllers to run, comma-separated (default: {','.join(HOST_CONTROLLERS)})")
+                         help=f"host controllers to run, comma-separated, of {','.join(HOST_CONTROLLERS)} "
+                              f"(default: {','.join(DEFAULT_HOST_CONTROLLERS)})")
     options.add_argument("--apiserver-port", type=int, default=argparse.SUPPRESS,
                          help="fixed kube-apiserver port (default: a free one)")
     return options
@@ -161,7 +162,7 @@ def _dev_options() -> argparse.ArgumentParser:
     return options
 
 
-LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(HOST_CONTROLLERS), "apiserver_port": None}
+LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None}
 DEV_DEFAULTS = {"project": None, "home": None}
 STACK_DEFAULTS = {"kubeconfig": None, "context": None, "namespace": None, "output": "table",
                   "all_namespaces": False, "timeout": "5m", "operator_state_dir": None}

@@ -68,6 +68,10 @@ class OperatorArgs(TypedDict):
     """Port of the Prometheus metrics (default 8383)."""
     health_port: NotRequired[int]
     """Port of /healthz (default 8384); in local mode the start waits until it answers."""
+    flux_events_address: NotRequired[str]
+    """URL of Flux's notification-controller event server (e.g.
+    http://notification-controller.flux-system.svc.cluster.local./): every Stack Event also goes there in
+    Flux's event format (`--flux-events-address`); default: off."""
     args: NotRequired[Sequence[str]]
     """Extra operator flags (e.g. --concurrency=20, --namespace=apps)."""
     env: NotRequired[Mapping[str, str]]
@@ -132,9 +136,10 @@ OPERATOR_HOME = "/home/strata"  # HOME of the image's user (operator/Dockerfile)
 
 
 def build_operator_flags(metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
-                         extra: Sequence[str] = ()) -> list[str]:
+                         extra: Sequence[str] = (), flux_events_address: str = "") -> list[str]:
     """Flags of `python -m strata_operator` (see strata_operator.main)."""
-    return [f"--metrics-port={metrics_port}", f"--health-port={health_port}", *extra]
+    flux = [f"--flux-events-address={flux_events_address}"] if flux_events_address else []
+    return [f"--metrics-port={metrics_port}", f"--health-port={health_port}", *flux, *extra]
 
 
 def build_operator_deployment(namespace: str, service_account: str, image: str, *,
@@ -142,7 +147,8 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                               resources: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                               args: Sequence[str] = (), image_pull_policy: str = "IfNotPresent",
                               replicas: int = 1, node_selector: Mapping[str, str] | None = None,
-                              tolerations: Sequence[Mapping[str, str]] = ()) -> dict[str, Any]:
+                              tolerations: Sequence[Mapping[str, str]] = (),
+                              flux_events_address: str = "") -> dict[str, Any]:
     """The in-cluster operator: `replicas` pods of which the Lease holder alone handles Stacks (a standby
     answers /healthz too, so probes neither restart it nor hold back a rollout), hardened pod."""
     if not image:
@@ -169,7 +175,7 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                     "containers": [{
                         "name": "operator", "image": image, "imagePullPolicy": image_pull_policy,
                         "command": CONTAINER_COMMAND,
-                        "args": build_operator_flags(metrics_port, health_port, args),
+                        "args": build_operator_flags(metrics_port, health_port, args, flux_events_address),
                         "env": [{"name": key, "value": value} for key, value in sorted((env or {}).items())],
                         "ports": [{"name": "metrics", "containerPort": metrics_port},
                                   {"name": "health", "containerPort": health_port}],
@@ -216,7 +222,8 @@ def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str,
                                       resources=args.get("resources"), env=args.get("env"), args=args.get("args", ()),
                                       image_pull_policy=args.get("image_pull_policy", "IfNotPresent"),
                                       replicas=args.get("replicas", 1), node_selector=args.get("node_selector"),
-                                      tolerations=args.get("tolerations", ())),
+                                      tolerations=args.get("tolerations", ()),
+                                      flux_events_address=args.get("flux_events_address", "")),
             build_operator_metrics_service(namespace, metrics_port)]
 
 
@@ -332,7 +339,7 @@ class Operator(pulumi.ComponentResource):
             # come last, so a `--state-dir` there still wins.
             flags = [f"--state-dir={operator_state_dir(local['state_dir'])}",
                      *build_operator_flags(args.get("metrics_port", DEFAULT_METRICS_PORT), health_port,
-                                           args.get("args", ()))]
+                                           args.get("args", ()), args.get("flux_events_address", ""))]
             OperatorProcess(f"{name}-process", state_dir=local["state_dir"], command=[*local["command"], *flags],
                             env=args.get("env", {}), kubeconfig=self.kubeconfig,
                             health_url=f"http://127.0.0.1:{health_port}/healthz" if health_port else None,

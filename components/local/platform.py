@@ -38,11 +38,16 @@ PROCESS_PORTS = {
     "kwok": ("kwok",),
     "git-server": ("git",),
     "flux-bundle-server": ("flux_bundle",),
+    # First of the Flux controllers, so the others' events find its event server up.
+    "notification-controller": ("notification_events", "notification_receiver", "notification_metrics",
+                                "notification_health"),
     "source-controller": ("source_storage", "source_metrics", "source_health"),
     "kustomize-controller": ("kustomize_metrics", "kustomize_health"),
 }
 PORTS = tuple(port for ports in PROCESS_PORTS.values() for port in ports)
-HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
+HOST_CONTROLLERS = ("source-controller", "kustomize-controller", "notification-controller")
+# What `strata local up` and the Cluster component run unless told otherwise.
+DEFAULT_HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
 # Cluster and context name in the kubeconfigs the platform writes.
 KUBECONFIG_CLUSTER = "strata-local"
 
@@ -89,6 +94,11 @@ class PlatformInfo:
         return f"http://127.0.0.1:{self.ports['source_storage']}"
 
     @property
+    def flux_events_url(self) -> str:
+        """The notification-controller's event server (when it runs): where Flux-format events are POSTed."""
+        return f"http://127.0.0.1:{self.ports['notification_events']}/"
+
+    @property
     def flux_bundle_url(self) -> str:
         """pulumi-flux's `baseurl` for the offline install bundle."""
         return f"http://127.0.0.1:{self.ports['flux_bundle']}"
@@ -124,7 +134,15 @@ class LocalPlatform:
         state_file = self.state / "platform.json"
         if state_file.exists():
             ports = json.loads(state_file.read_text())["ports"]
-            if set(ports) == set(PORTS) and (self.config.apiserver_port in (None, ports["apiserver"])):
+            if set(ports) <= set(PORTS) and (self.config.apiserver_port in (None, ports["apiserver"])):
+                # A platform made before a component was added keeps its ports; the new ones get free ports.
+                missing = [name for name in PORTS if name not in ports]
+                if not missing:
+                    return ports
+                taken = set(ports.values())
+                fresh = [port for port in processes.free_ports(len(missing) + len(taken)) if port not in taken]
+                ports.update(zip(missing, fresh))
+                state_file.write_text(json.dumps({"ports": ports}, indent=1))
                 return ports
         ports = dict(zip(PORTS, processes.free_ports(len(PORTS))))
         if self.config.apiserver_port:
@@ -217,7 +235,20 @@ class LocalPlatform:
             ]), lambda: not processes.port_is_free(ports["flux_bundle"])),
         ]
         flux_env = {"KUBECONFIG": str(self.kubeconfig_path), "RUNTIME_NAMESPACE": FLUX_NAMESPACE}
-        common = ["--enable-leader-election=false", "--log-level=info", "--log-encoding=console", "--events-addr="]
+        notifying = "notification-controller" in self.config.host_controllers
+        # With notification-controller on the host, the other controllers send it their events, as in a cluster.
+        events = f"http://127.0.0.1:{ports['notification_events']}/" if notifying else ""
+        common = ["--enable-leader-election=false", "--log-level=info", "--log-encoding=console",
+                  f"--events-addr={events}"]
+        if notifying:
+            result.append((HostProcess("notification-controller", [
+                str(tc.bin("notification-controller")),
+                f"--events-addr=127.0.0.1:{ports['notification_events']}",
+                f"--receiverAddr=127.0.0.1:{ports['notification_receiver']}",
+                f"--metrics-addr=127.0.0.1:{ports['notification_metrics']}",
+                f"--health-addr=127.0.0.1:{ports['notification_health']}",
+                "--enable-leader-election=false", "--log-level=info", "--log-encoding=console",
+            ], env=flux_env), lambda: http_ok(f"http://127.0.0.1:{ports['notification_health']}/readyz")))
         if "source-controller" in self.config.host_controllers:
             storage = f"127.0.0.1:{ports['source_storage']}"
             result.append((HostProcess("source-controller", [

@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 from kubernetes.client.rest import ApiException
 
-from . import FINALIZER, GROUP, VERSION, metrics, status as st
+from . import FINALIZER, GROUP, VERSION, flux_events, metrics, status as st
 from .approval import (APPROVE_ANNOTATION, EVENT_PLAN_READY, EVENT_PLAN_REFUSED, PLAN_LABEL, PLAN_REFUSED,
                        PlanIdentity, approval_gate, awaiting_message, inputs_digest, plan_chunks, plan_digest,
                        plan_refused, plan_secret_name, plan_status)
@@ -54,6 +54,7 @@ class OperatorSettings:
     allow_operator_refs: bool = True  # PKO v1's Env/FS refs read the operator's env/files
     metrics_port: int = 8383
     kubeconfig: str | None = None
+    flux_events_address: str = ""  # Flux notification-controller event server; "" is off
 
 
 @dataclasses.dataclass
@@ -115,8 +116,16 @@ def _key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def _event(body: Any, reason: str, message: str, warning: bool = False) -> None:
-    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=redact(message)[:1024])
+# Set at startup when --flux-events-address is given: every Stack Event also goes to Flux, in its format.
+FLUX_EVENTS: flux_events.FluxEventSink | None = None
+
+
+def _event(body: Any, reason: str, message: str, warning: bool = False, revision: str = "") -> None:
+    message = redact(message)[:1024]
+    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message)
+    if FLUX_EVENTS is not None:
+        FLUX_EVENTS.publish(flux_events.build_flux_event(body, reason, message, warning=warning, revision=revision,
+                                                         now=_now(), instance=HOST))
 
 
 class StackSession:
@@ -660,7 +669,7 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
             if approval.digest:
                 plan_file.write_bytes(approval.plan)
             request = dataclasses.replace(request, plan_file=str(plan_file))
-        _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message)
+        _event(session.body, st.EVENT_UPDATE_DETECTED, plan.message, revision=revision)
         await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
                             currentUpdate=st.current_update(run))
         result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request))
@@ -688,7 +697,7 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                     metrics.mark_drifted(session.namespace, session.name, False)
             if problem is None:
                 fields["lastUpdate"] = st.succeeded_update(run, result.permalink, _now())
-                _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack")
+                _event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack", revision=revision)
             else:
                 fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run,
                                                         st.OUTPUTS_SECRET_FAILED, problem, result.permalink, _now())
@@ -706,9 +715,9 @@ async def _run_update(session: StackSession, spec: StackSpec, resolved: Resolved
                 await _drop_plan(session)
                 fields["plan"] = None
                 _event(session.body, EVENT_PLAN_REFUSED, f"The engine refused the approved plan {approval.digest}: "
-                       f"{result.message}", warning=True)
+                       f"{result.message}", warning=True, revision=revision)
             _event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
-                   f"Failed to update stack: {result.message}", warning=True)
+                   f"Failed to update stack: {result.message}", warning=True, revision=revision)
         if approval is not None and approval.digest:
             fields["lastUpdate"]["plan"] = approval.digest
         # Planned as the status now stands: this run answered the Flux request (lastHandledReconcileAt).
@@ -762,8 +771,23 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         logger.warning("%s; the first update will try again", err)
     if options.metrics_port:
         metrics.serve(options.metrics_port)
+    if options.flux_events_address:
+        global FLUX_EVENTS
+        FLUX_EVENTS = flux_events.FluxEventSink(options.flux_events_address)
+        FLUX_EVENTS.start()
+        logger.info("Stack Events also go to Flux's notification-controller at %s", options.flux_events_address)
     logger.info("strata operator started: concurrency %d, state in %s", options.engine.concurrency,
                 options.engine.state_dir)
+
+
+@kopf.on.cleanup()
+async def stop_flux_events(**_: Any) -> None:
+    global FLUX_EVENTS
+    sink, FLUX_EVENTS = FLUX_EVENTS, None
+    if sink is not None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(sink.drain(), timeout=3)  # the last events (e.g. a failure) still go out
+        await sink.stop()
 
 
 @kopf.on.probe(id="engine")

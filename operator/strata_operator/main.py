@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from .flux_events import check_address
 from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings, EngineUnavailable
 from .lease import DEFAULT_LEASE_NAME
 from .planning import DEFAULT_STALL_AFTER_FAILURES
@@ -54,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-election-namespace", default="", metavar="NAMESPACE",
                    help="namespace of that Lease (default: the pod's own, else the kubeconfig context's, "
                         "else strata-system)")
+    p.add_argument("--flux-events-address", default=os.environ.get("STRATA_FLUX_EVENTS_ADDRESS", ""), metavar="URL",
+                   help="also send every Stack Event, in Flux's event format, to Flux's notification-controller "
+                        "event server at this URL (e.g. http://notification-controller.flux-system.svc.cluster."
+                        "local./), asynchronously and best effort; default: off")
     p.add_argument("--verbose", "-v", action="store_true")
     return p
 
@@ -87,6 +92,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.plugin_cache.name != "plugins":
         raise SystemExit(f"--plugin-cache {args.plugin_cache}: name the plugins directory of a PULUMI_HOME (e.g. "
                          "/srv/pulumi/plugins), so that `PULUMI_HOME=/srv/pulumi pulumi plugin install ...` fills it")
+    try:
+        flux_events_address = check_address(args.flux_events_address)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     if args.kubeconfig:
         # Kopf's own login reads KUBECONFIG too; keep one source of truth.
         os.environ["KUBECONFIG"] = args.kubeconfig
@@ -109,7 +118,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         engine=engine,
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
         allow_operator_refs=not args.no_operator_refs,
-        metrics_port=args.metrics_port, kubeconfig=args.kubeconfig)
+        metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address)
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
         liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election))

@@ -203,3 +203,24 @@ def test_deployment_places_pods_by_node_labels_and_tolerations_and_writes_only_t
     assert {v["name"] for v in pod["volumes"]} == {"home", "tmp"}
     plain = build_operator_deployment("ops", "op", "registry/strata:1")["spec"]["template"]["spec"]
     assert "nodeSelector" not in plain and "tolerations" not in plain
+
+
+def test_flux_events_address_becomes_the_operator_flag_in_both_modes(harness):
+    deployment = build_operator_deployment("ops", "op", "registry/strata:1",
+                                           flux_events_address="http://nc.flux-system.svc./")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--flux-events-address=http://nc.flux-system.svc./" in container["args"]
+    assert not any(a.startswith("--flux-events-address") for a in
+                   build_operator_deployment("ops", "op", "registry/strata:1")["spec"]["template"]["spec"]
+                   ["containers"][0]["args"])
+
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1\nkind: Config\n")
+        Operator("operator", {
+            "provider": provider, "mode": "local", "flux_events_address": "http://127.0.0.1:9090/",
+            "local": {"state_dir": "/tmp/strata-state", "server": "https://127.0.0.1:6443",
+                      "command": ["/venv/bin/python", "-m", "strata_operator"]}})
+
+    harness.run(program)
+    process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
+    assert "--flux-events-address=http://127.0.0.1:9090/" in process.inputs["command"]

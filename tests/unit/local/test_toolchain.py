@@ -21,6 +21,15 @@ def test_versions_file_pins_every_tool_the_platform_runs():
         assert spec.packages, spec
 
 
+def test_notification_controller_is_the_served_version_the_flux_bundle_renders():
+    from strata_components.local.fluxbundle import bundle_settings
+
+    spec = load_specs()["notification-controller"]
+    # flux2 v2.9.5 pins v1.9.4, which the proxy refuses: the bundle and the host process use v1.9.3 alike.
+    assert spec.version == bundle_settings()["config_versions"]["notification-controller"] == "v1.9.3"
+    assert spec.crds == ("config/crd/bases",) and spec.packages == {".": "notification-controller"}
+
+
 def test_pulumi_python_sdk_pin_matches_the_cli():
     pyproject = (Path(__file__).parents[3] / "pyproject.toml").read_text()
     assert f'"pulumi=={load_specs()["pulumi"].version[1:]}"' in pyproject

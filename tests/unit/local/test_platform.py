@@ -1,0 +1,64 @@
+"""The local platform's process plan and port bookkeeping, without starting anything."""
+
+import json
+
+import pytest
+
+from strata_components.local.platform import (DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PORTS, LocalPlatform,
+                                              PlatformConfig, PlatformError)
+from strata_components.local.toolchain import Toolchain
+
+
+@pytest.fixture
+def toolchain(tmp_path):
+    entries = {}
+    for tool, binaries in {"kubernetes": ["kube-apiserver", "kube-controller-manager", "kube-scheduler"],
+                           "etcd": ["etcd"], "kwok": ["kwok"], "source-controller": ["source-controller"],
+                           "kustomize-controller": ["kustomize-controller"],
+                           "notification-controller": ["notification-controller"]}.items():
+        (tmp_path / "tc" / tool / "bin").mkdir(parents=True)
+        for binary in binaries:
+            (tmp_path / "tc" / tool / "bin" / binary).write_text("")
+        entries[tool] = tmp_path / "tc" / tool
+    return Toolchain(entries)
+
+
+def plan(tmp_path, toolchain, controllers):
+    platform = LocalPlatform(PlatformConfig(state_dir=tmp_path / "state", host_controllers=controllers), toolchain)
+    ports = platform._ports()
+    return {process.name: process.argv for process, _ in platform._processes(ports, tmp_path / "bundle")}, ports
+
+
+def test_notification_controller_runs_first_of_flux_and_receives_the_others_events(tmp_path, toolchain):
+    argv, ports = plan(tmp_path, toolchain, HOST_CONTROLLERS)
+    names = list(argv)
+    assert names.index("notification-controller") < names.index("source-controller")
+    events = f"127.0.0.1:{ports['notification_events']}"
+    assert f"--events-addr={events}" in argv["notification-controller"]
+    assert f"--receiverAddr=127.0.0.1:{ports['notification_receiver']}" in argv["notification-controller"]
+    for controller in ("source-controller", "kustomize-controller"):
+        assert f"--events-addr=http://{events}/" in argv[controller]
+    assert LocalPlatform(PlatformConfig(state_dir=tmp_path / "state"), toolchain).info().flux_events_url == \
+        f"http://{events}/"
+
+
+def test_without_notification_controller_flux_sends_no_events(tmp_path, toolchain):
+    argv, _ = plan(tmp_path, toolchain, DEFAULT_HOST_CONTROLLERS)
+    assert "notification-controller" not in argv
+    assert "--events-addr=" in argv["source-controller"] and "--events-addr=" in argv["kustomize-controller"]
+
+
+def test_a_platform_from_before_a_new_component_keeps_its_ports(tmp_path, toolchain):
+    state = tmp_path / "state"
+    state.mkdir()
+    old = {name: 20000 + index for index, name in enumerate(PORTS) if not name.startswith("notification_")}
+    (state / "platform.json").write_text(json.dumps({"ports": old}))
+    ports = LocalPlatform(PlatformConfig(state_dir=state), toolchain)._ports()
+    assert set(ports) == set(PORTS) and {k: ports[k] for k in old} == old
+    assert len(set(ports.values())) == len(PORTS)  # the new ones collide with none
+    assert json.loads((state / "platform.json").read_text())["ports"] == ports
+
+
+def test_unknown_host_controllers_are_refused(tmp_path, toolchain):
+    with pytest.raises(PlatformError, match="unknown host controllers \\['helm-controller'\\]"):
+        LocalPlatform(PlatformConfig(state_dir=tmp_path, host_controllers=("helm-controller",)), toolchain)
