@@ -87,6 +87,10 @@ class StackWatch(threading.Thread):
                 if error.status != 410:
                     raise
                 version = None  # expired: relist
+            except Exception:
+                if self.stopping.is_set():
+                    return  # the platform went down after the figures were taken
+                raise
 
     def per_minute(self, writes: list[float], start: float, end: float) -> list[int]:
         minutes = Counter(int((at - start) // 60) for at in writes if start <= at < end)
@@ -155,6 +159,18 @@ def main() -> None:
         print(f"peak RSS  operator {peak['operator']:7.1f} MB   children {peak['children']:7.1f} MB "
               f"(PSS {peak['children_pss']:6.1f} MB; PKO v1.16 children: 1250 MB RSS)")
 
+        load_fill_end = round(os.getloadavg()[0], 1)
+        fill_figures = {
+            "stacks": args.stacks, "backends": args.backends, "resources": args.resources,
+            "all_ready_seconds": round(all_ready, 2), "latency_seconds": sorted(round(value, 2) for value in latencies),
+            "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
+            "fill_status_writes": fill_writes[0], "fill_other_writes": fill_writes[1],
+            "load_average_1m_fill_end": load_fill_end, "cpus": os.cpu_count(),
+        }
+        if args.json:  # the fill's figures now, so that a run stopped while idle still leaves them
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({**fill_figures, "memory_mb": memory, "idle_complete": False}, indent=1))
+
         snapshot = {s["metadata"]["name"]: s["status"].get("lastUpdate") for s in bench.stacks()}
         quiet_since = time.monotonic()
         events_before = {e.metadata.uid for e in client.CoreV1Api(bench.api).list_namespaced_event(NAMESPACE).items
@@ -181,18 +197,15 @@ def main() -> None:
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({
-                "stacks": args.stacks, "backends": args.backends, "resources": args.resources, "all_ready_seconds": round(all_ready, 2),
-                "latency_seconds": sorted(round(value, 2) for value in latencies),
-                "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
-                "memory_mb": memory, "idle_seconds": round(idle_seconds), "idle_engine_runs": len(new_runs),
+                **fill_figures, "peak_mb": {k: round(v, 1) for k, v in peak.items()},
+                "memory_mb": memory, "idle_complete": True, "idle_seconds": round(idle_seconds), "idle_engine_runs": len(new_runs),
                 "idle_stacks_with_new_last_update": len(changed),
                 "operator_cpu_idle_seconds": round(idle_cpu, 2), "operator_rss_end_of_idle_mb": round(idle_operator_rss, 1),
                 "operator_rss_peak_idle_mb": max((own for at, own, _ in memory if at >= idle_start), default=None),
-                "fill_status_writes": fill_writes[0], "fill_other_writes": fill_writes[1],
                 "idle_status_writes_per_minute": status_per_minute, "idle_other_writes_per_minute": other_per_minute,
                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 # This machine is shared: the load says how quiet it was (2 cores here).
-                "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
+                "load_average_1m": round(os.getloadavg()[0], 1),
             }, indent=1))
             print(f"figures and series written to {args.json}")
 
