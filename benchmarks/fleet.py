@@ -1,11 +1,16 @@
 """A fleet of Stacks on the real engine: time to all Ready, reconcile latency, memory, idle silence.
 
-    .venv/bin/python benchmarks/fleet.py [--stacks 50] [--idle 300] [--json benchmarks/results/fleet-50.json]
+    .venv/bin/python benchmarks/fleet.py [--stacks 50] [--backends 1] [--idle 300] [--json benchmarks/results/fleet-50.json]
 
-N Stacks of one small YAML Program (builtin Stash resources, file:// backend) are created at once.
-Reported: time until all are Ready, per-Stack create->Ready latency p50/p95, peak RSS of the operator
-process and of all its children (workers and pulumi CLIs), and engine runs while idle for --idle
-seconds after that (must be 0). With --json, the figures and the raw series (every latency, memory
+N Stacks of one small YAML Program (builtin Stash resources) are created at once, spread round-robin
+over --backends file:// backends. Reported: time until all are Ready, per-Stack create->Ready latency
+p50/p95, peak RSS of the operator process and of all its children (workers and pulumi CLIs), the
+operator process's CPU seconds during the fill and during the idle window, and, while idle for --idle
+seconds after that, engine runs (must be 0) and the writes the operator makes to Stacks, counted from a
+watch (every write is one MODIFIED event; a changed status is a status patch), per minute (must be 0,
+or at least flat). The CPU is utime+stime of the operator process itself from /proc/<pid>/stat: its
+workers and pulumi CLIs are children of its fork server, reaped there rather than by the operator, so
+their CPU is not in the operator's cutime/cstime and is not counted. With --json, the figures and the raw series (every latency, memory
 sampled every half second) go to that file for benchmarks/charts.py. The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
 children peaking at 1.25 GB, 0 runs idle.
 """
@@ -17,17 +22,79 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 
 from pathlib import Path
 
-from kubernetes import client
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
-from harness import NAMESPACE, is_ready, platform_with_operator, pss_tree_mb, rss_tree_mb, stash_program
+from harness import GROUP, NAMESPACE, VERSION, is_ready, platform_with_operator, pss_tree_mb, rss_tree_mb, stash_program
 
 
 def cpu_seconds(pid: int) -> float:
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class StackWatch(threading.Thread):
+    """Every write to a Stack in the namespace, from a resourceVersion watch: when each Stack was first
+    seen Ready, and the time of every MODIFIED event, split into status writes (the status changed) and
+    other writes (metadata: finalizers, Kopf's annotations)."""
+
+    def __init__(self, bench, started: float) -> None:
+        super().__init__(daemon=True)
+        self.bench, self.started = bench, started
+        self.ready_at: dict[str, float] = {}
+        self.status_writes: list[float] = []  # seconds since `started`
+        self.other_writes: list[float] = []
+        self.last_status: dict[str, object] = {}
+        self.stopping = threading.Event()
+
+    def see(self, kind: str, stack: dict) -> None:
+        now = time.monotonic()
+        name = stack["metadata"]["name"]
+        status = stack.get("status")
+        if kind == "MODIFIED":
+            changed = status != self.last_status.get(name)
+            (self.status_writes if changed else self.other_writes).append(round(now - self.started, 2))
+        self.last_status[name] = status
+        if name not in self.ready_at and is_ready(stack):
+            self.ready_at[name] = now
+
+    def run(self) -> None:
+        custom = self.bench.custom
+        version = None
+        while not self.stopping.is_set():
+            try:
+                if version is None:  # (re)list: the baseline for every Stack, no writes counted
+                    listing = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "stacks")
+                    for stack in listing["items"]:
+                        self.see("LISTED", stack)
+                    version = listing["metadata"]["resourceVersion"]
+                for event in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE,
+                                                  "stacks", resource_version=version, timeout_seconds=60,
+                                                  allow_watch_bookmarks=True):
+                    stack = event["object"]
+                    if event["type"] not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+                        raise RuntimeError(f"Stack watch: {event['type']} {stack}")
+                    version = stack["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.see(event["type"], stack)
+                    if self.stopping.is_set():
+                        return
+            except ApiException as error:
+                if error.status != 410:
+                    raise
+                version = None  # expired: relist
+            except Exception:
+                if self.stopping.is_set():
+                    return  # the platform went down after the figures were taken
+                raise
+
+    def per_minute(self, writes: list[float], start: float, end: float) -> list[int]:
+        minutes = Counter(int((at - start) // 60) for at in writes if start <= at < end)
+        return [minutes.get(index, 0) for index in range(max(1, int((end - start) // 60)))]
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -38,6 +105,7 @@ def percentile(values: list[float], fraction: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stacks", type=int, default=50)
+    parser.add_argument("--backends", type=int, default=1, help="file:// backends, Stacks spread round-robin")
     parser.add_argument("--idle", type=float, default=300, help="seconds to watch for engine runs when idle")
     parser.add_argument("--resources", type=int, default=3, help="Stash resources per program")
     parser.add_argument("--concurrency", type=int, help="the operator's --concurrency (default: its own)")
@@ -62,56 +130,82 @@ def main() -> None:
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        backend = bench.backend("fleet")  # one backend, N stacks: the common layout
+        backends = [bench.backend(f"fleet-{index}") for index in range(args.backends)]
+        stack_watch = StackWatch(bench, started)
+        stack_watch.start()
         created: dict[str, float] = {}
         operator_cpu_before = cpu_seconds(pid)
         for index in range(args.stacks):
-            name = f"s{index:03d}"
-            bench.create_stack(name, "fleet", backend)
+            name = f"s{index:04d}"
+            bench.create_stack(name, "fleet", backends[index % len(backends)])
             created[name] = time.monotonic()
-        ready_at: dict[str, float] = {}
+        ready_at = stack_watch.ready_at  # from the watch, not a list per poll: 1000 Stacks are a big list
         deadline = started + 60 + 10 * args.stacks
         while len(ready_at) < args.stacks:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(ready_at)}/{args.stacks} Stacks Ready")
-            now = time.monotonic()
-            for stack in bench.stacks():
-                name = stack["metadata"]["name"]
-                if name not in ready_at and is_ready(stack):
-                    ready_at[name] = now
-            time.sleep(0.25)
+            if not stack_watch.is_alive():
+                raise RuntimeError("the Stack watch stopped")
+            time.sleep(0.5)
         all_ready = max(ready_at.values()) - started
         operator_cpu = cpu_seconds(pid) - operator_cpu_before
         latencies = [ready_at[name] - created[name] for name in created]
         print(f"{args.stacks} Stacks all Ready in {all_ready:6.1f}s   (PKO v1.16: 50 in 80 s; goal <= 35 s)")
         print(f"create->Ready latency  p50 {percentile(latencies, 0.5):6.1f}s   p95 {percentile(latencies, 0.95):6.1f}s")
-        print(f"CPU of the operator process (Kopf, handlers, API calls): {operator_cpu:5.1f} s")
+        fill_writes = len(stack_watch.status_writes), len(stack_watch.other_writes)
+        print(f"CPU of the operator process (Kopf, handlers, API calls): {operator_cpu:5.1f} s during the fill")
+        print(f"writes to Stacks during the fill: {fill_writes[0]} status, {fill_writes[1]} other "
+              f"({fill_writes[0] / args.stacks:.1f} status writes per Stack)")
         print(f"peak RSS  operator {peak['operator']:7.1f} MB   children {peak['children']:7.1f} MB "
               f"(PSS {peak['children_pss']:6.1f} MB; PKO v1.16 children: 1250 MB RSS)")
+
+        load_fill_end = round(os.getloadavg()[0], 1)
+        fill_figures = {
+            "stacks": args.stacks, "backends": args.backends, "resources": args.resources,
+            "all_ready_seconds": round(all_ready, 2), "latency_seconds": sorted(round(value, 2) for value in latencies),
+            "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
+            "fill_status_writes": fill_writes[0], "fill_other_writes": fill_writes[1],
+            "load_average_1m_fill_end": load_fill_end, "cpus": os.cpu_count(),
+        }
+        if args.json:  # the fill's figures now, so that a run stopped while idle still leaves them
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({**fill_figures, "memory_mb": memory, "idle_complete": False}, indent=1))
 
         snapshot = {s["metadata"]["name"]: s["status"].get("lastUpdate") for s in bench.stacks()}
         quiet_since = time.monotonic()
         events_before = {e.metadata.uid for e in client.CoreV1Api(bench.api).list_namespaced_event(NAMESPACE).items
                          if e.reason == "StackUpdateDetected"}
+        idle_cpu_before = cpu_seconds(pid)
         time.sleep(args.idle)
+        idle_cpu = cpu_seconds(pid) - idle_cpu_before
+        idle_operator_rss = rss_tree_mb(pid)[0]
         sampling.set()
+        stack_watch.stopping.set()
         changed = [s["metadata"]["name"] for s in bench.stacks() if s["status"].get("lastUpdate") != snapshot.get(
             s["metadata"]["name"])]
         new_runs = [e for e in client.CoreV1Api(bench.api).list_namespaced_event(NAMESPACE).items
                     if e.reason == "StackUpdateDetected" and e.metadata.uid not in events_before]
         idle_seconds = time.monotonic() - quiet_since
+        idle_start, idle_end = quiet_since - started, quiet_since - started + idle_seconds
+        status_per_minute = stack_watch.per_minute(stack_watch.status_writes, idle_start, idle_end)
+        other_per_minute = stack_watch.per_minute(stack_watch.other_writes, idle_start, idle_end)
         print(f"idle {idle_seconds:5.0f}s: {len(new_runs)} engine runs, {len(changed)} Stacks with a new "
               f"lastUpdate (must be 0; PKO v1.16: 0)")
+        print(f"idle: operator CPU {idle_cpu:5.2f} s ({100 * idle_cpu / idle_seconds:.2f}% of a core), "
+              f"operator RSS at the end {idle_operator_rss:6.1f} MB")
+        print(f"idle: status writes per minute {status_per_minute}, other writes per minute {other_per_minute}")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({
-                "stacks": args.stacks, "resources": args.resources, "all_ready_seconds": round(all_ready, 2),
-                "latency_seconds": sorted(round(value, 2) for value in latencies),
-                "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
-                "memory_mb": memory, "idle_seconds": round(idle_seconds), "idle_engine_runs": len(new_runs),
+                **fill_figures, "peak_mb": {k: round(v, 1) for k, v in peak.items()},
+                "memory_mb": memory, "idle_complete": True, "idle_seconds": round(idle_seconds), "idle_engine_runs": len(new_runs),
+                "idle_stacks_with_new_last_update": len(changed),
+                "operator_cpu_idle_seconds": round(idle_cpu, 2), "operator_rss_end_of_idle_mb": round(idle_operator_rss, 1),
+                "operator_rss_peak_idle_mb": max((own for at, own, _ in memory if at >= idle_start), default=None),
+                "idle_status_writes_per_minute": status_per_minute, "idle_other_writes_per_minute": other_per_minute,
                 "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 # This machine is shared: the load says how quiet it was (2 cores here).
-                "load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
+                "load_average_1m": round(os.getloadavg()[0], 1),
             }, indent=1))
             print(f"figures and series written to {args.json}")
 
