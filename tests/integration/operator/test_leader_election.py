@@ -52,6 +52,13 @@ def _wait_holder(kube_client, operator: Operator, timeout: float, what: str) -> 
     return identity
 
 
+def _session_operator_leads_again(operator: Operator, kube_client) -> None:
+    """The tests after these need the session's operator running and leading (a fenced one exited)."""
+    if operator.pid() is None:
+        operator.start()
+    _wait_holder(kube_client, operator, 60, "the session's operator leads again")
+
+
 def _wait_log(operator: Operator, since: int, text: str, timeout: float = 30) -> str:
     def found() -> str | None:
         tail = operator.log_text()[since:]
@@ -76,10 +83,7 @@ def second(operator: Operator, platform, toolchain, kube_client, plugin_cache, t
     other = Operator(**fields)
     yield other
     other.stop()
-    # Leave the session's operator running and leading for the tests after this one.
-    if operator.pid() is None:
-        operator.start()
-    _wait_holder(kube_client, operator, 60, "the session's operator leads again")
+    _session_operator_leads_again(operator, kube_client)
 
 
 def test_one_leader_runs_stacks_the_standby_takes_over_on_stop_and_on_kill_9(stacks, operator, second,
@@ -240,10 +244,8 @@ def usurper(operator: Operator, kube_client) -> Iterator[Usurper]:
     taker = Usurper(kube_client)
     yield taker
     taker.release()
-    # The fenced leader exited: bring the session's operator back, leading, for the tests after this one.
-    if operator.pid() is None:
-        operator.start()
-    _wait_holder(kube_client, operator, 60, "the session's operator leads again")
+    _session_operator_leads_again(operator, kube_client)
+
 
 
 def test_a_leader_whose_lease_is_taken_mid_update_kills_the_update_and_exits_in_time(stacks, operator, usurper,
