@@ -63,11 +63,15 @@ def stack_state(obj: Mapping[str, Any]) -> StackState:
     """The state an object shows, from its kstatus conditions (and deletionTimestamp)."""
     key = stack_key(obj)
     conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}
-    deleting = bool(obj.get("metadata", {}).get("deletionTimestamp"))
+    deletion = obj.get("metadata", {}).get("deletionTimestamp") or ""
+    deleting = bool(deletion)
     for kind in ("Stalled", "Reconciling"):
         condition = conditions.get(kind)
         if condition and condition.get("status") == "True":
-            state: State = "Deleting" if deleting and kind == "Reconciling" else kind  # type: ignore[assignment]
+            # Stalled since before its deletion: about the live Stack (say its Flux source was pruned
+            # first), not its destroy, which has yet to say how it goes.
+            stale = kind == "Stalled" and deleting and (condition.get("lastTransitionTime") or "") < deletion
+            state: State = "Deleting" if deleting and (kind == "Reconciling" or stale) else kind  # type: ignore
             return StackState(key, state, condition.get("reason", ""), condition.get("message", ""))
     if deleting:
         return StackState(key, "Deleting", "", "waiting for its controller to finalize it")

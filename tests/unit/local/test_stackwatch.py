@@ -6,8 +6,10 @@ def _stack(name, namespace="strata-system", conditions=(), deleting=False):
     meta = {"name": name, "namespace": namespace}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-23T00:00:00Z"
+    # Conditions set after the deletion began, as the operator's finalizer writes them.
     return {"metadata": meta, "status": {"conditions": [
-        {"type": kind, "status": status, "reason": reason, "message": message}
+        {"type": kind, "status": status, "reason": reason, "message": message,
+         "lastTransitionTime": "2026-11-23T00:00:05Z"}
         for kind, status, reason, message in conditions]}}
 
 
@@ -108,3 +110,17 @@ def test_other_kinds_are_keyed_by_kind_and_a_false_ready_is_not_ready():
     assert "timeout waiting for" in state.line()
     line, = stackwatch.flux_lines([kustomization])
     assert line.split()[:5] == ["kustomization", "flux-system/flux-system", "main@sha1:abc", "False", "timeout"]
+
+
+def test_a_stall_from_before_the_deletion_is_not_a_failed_destroy():
+    def deleted_stack(stalled_at):
+        stack = _stack("app", "team-alpha", deleting=True, conditions=[
+            ("Ready", "False", "NotReadyStalled", ""), ("Stalled", "True", "SourceUnavailable", "source gone")])
+        stack["status"]["conditions"][1]["lastTransitionTime"] = stalled_at
+        return stack
+
+    # Its Flux source was pruned a second before the Stack itself: the destroy has not spoken yet.
+    before = stackwatch.stack_state(deleted_stack("2026-11-22T23:59:59Z"))
+    assert (before.state, before.reason) == ("Deleting", "SourceUnavailable")
+    # Stalled once its deletion began: the destroy cannot proceed.
+    assert stackwatch.stack_state(deleted_stack("2026-11-23T00:00:01Z")).state == "Stalled"
