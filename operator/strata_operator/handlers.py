@@ -305,6 +305,8 @@ async def _wait_for_reference(session: StackSession, err: RefError) -> float:
 
 async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     """One pass; returns seconds until the next pass is due (None: only when something changes)."""
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return None  # the finalizer owns a Stack being deleted: nothing more runs, and no stall of ours hides its own
     session = StackSession(ctx, body, logger)
     session.watched.seen = intent(body)
     raw_spec = body.get("spec") or {}
