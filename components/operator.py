@@ -82,6 +82,15 @@ class OperatorArgs(TypedDict):
     """In-cluster mode: taints the operator pods tolerate (e.g. a dedicated node pool's)."""
     local: NotRequired[OperatorLocalArgs]
     """Settings of local mode."""
+    executor: NotRequired[str]
+    """Where updates run: "process" (default), forked by the operator as its own user; or "pod", a workspace
+    pod per Stack in the Stack's namespace under its serviceAccountName (see the README's executors)."""
+    workspace_image: NotRequired[str]
+    """The pod executor's image: the operator's own (default: `image`; required in local mode)."""
+    workspace_node_selector: NotRequired[Mapping[str, str]]
+    """The pod executor: node labels every workspace pod requires (e.g. a pool for updates)."""
+    workspace_tolerations: NotRequired[Sequence[Mapping[str, str]]]
+    """The pod executor: taints every workspace pod tolerates."""
 
 
 def load_packaged_manifests(directory: str) -> list[dict[str, Any]]:
@@ -102,14 +111,21 @@ def build_operator_identity(namespace: str, service_account: str) -> list[dict[s
     ]
 
 
-def build_operator_rbac(namespace: str, service_account: str, packaged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The packaged ClusterRoles/Roles (rules as shipped), each bound to this ServiceAccount only.
-    Bindings and ServiceAccounts in the package are ignored: the subject is decided here."""
+EXECUTOR_LABEL = "strata.dev/executor"
+
+
+def build_operator_rbac(namespace: str, service_account: str, packaged: Sequence[dict[str, Any]],
+                        executor: str = "process") -> list[dict[str, Any]]:
+    """The packaged ClusterRoles/Roles (rules as shipped), each bound to this ServiceAccount only; a role
+    labelled for one executor only when the operator runs that one. Bindings and ServiceAccounts in the
+    package are ignored: the subject is decided here."""
     subject = [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]
     objects: list[dict[str, Any]] = []
     for role in packaged:
         kind = role.get("kind")
         if kind not in ("ClusterRole", "Role"):
+            continue
+        if (role["metadata"].get("labels") or {}).get(EXECUTOR_LABEL, executor) != executor:
             continue
         name = role["metadata"]["name"]
         metadata: dict[str, Any] = {"name": name, "labels": LABELS}
@@ -140,6 +156,24 @@ def build_operator_flags(metrics_port: int = DEFAULT_METRICS_PORT, health_port: 
     """Flags of `python -m strata_operator` (see strata_operator.main)."""
     flux = [f"--flux-events-address={flux_events_address}"] if flux_events_address else []
     return [f"--metrics-port={metrics_port}", f"--health-port={health_port}", *flux, *extra]
+
+
+def build_executor_flags(args: OperatorArgs) -> list[str]:
+    """The flags that choose the executor (none for the default, process)."""
+    executor = args.get("executor", "process")
+    if executor not in ("process", "pod"):
+        raise ValueError(f"operator: `executor` is {executor!r}; use \"process\" or \"pod\"")
+    if executor == "process":
+        return []
+    image = args.get("workspace_image") or (args.get("image", "") if args["mode"] == "in-cluster" else "")
+    if not image:
+        raise ValueError("operator: executor \"pod\" needs `workspace_image` (the operator's image) in local mode")
+    tolerations = [f"{t['key']}={t['value']}:{t['effect']}" if t.get("value") else f"{t['key']}:{t['effect']}"
+                   for t in args.get("workspace_tolerations", ())]
+    return ["--executor=pod", f"--workspace-image={image}",
+            f"--workspace-image-pull-policy={args.get('image_pull_policy', 'IfNotPresent')}",
+            *(f"--workspace-node-selector={k}={v}" for k, v in sorted(args.get("workspace_node_selector", {}).items())),
+            *(f"--workspace-toleration={t}" for t in tolerations)]
 
 
 def build_operator_deployment(namespace: str, service_account: str, image: str, *,
@@ -210,7 +244,7 @@ def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str,
     namespace = args.get("namespace", "strata-system")
     service_account = args.get("service_account", "strata-operator")
     objects = [*build_operator_identity(namespace, service_account),
-               *build_operator_rbac(namespace, service_account, packaged_rbac)]
+               *build_operator_rbac(namespace, service_account, packaged_rbac, args.get("executor", "process"))]
     if args["mode"] == "local":
         return [*objects, build_token_secret(namespace, service_account, f"{service_account}-token", LABELS)]
     if args["mode"] != "in-cluster":
@@ -219,7 +253,8 @@ def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str,
     return [*objects,
             build_operator_deployment(namespace, service_account, args.get("image", ""), metrics_port=metrics_port,
                                       health_port=args.get("health_port", DEFAULT_HEALTH_PORT),
-                                      resources=args.get("resources"), env=args.get("env"), args=args.get("args", ()),
+                                      resources=args.get("resources"), env=args.get("env"),
+                                      args=[*build_executor_flags(args), *args.get("args", ())],
                                       image_pull_policy=args.get("image_pull_policy", "IfNotPresent"),
                                       replicas=args.get("replicas", 1), node_selector=args.get("node_selector"),
                                       tolerations=args.get("tolerations", ()),
@@ -339,7 +374,8 @@ class Operator(pulumi.ComponentResource):
             # come last, so a `--state-dir` there still wins.
             flags = [f"--state-dir={operator_state_dir(local['state_dir'])}",
                      *build_operator_flags(args.get("metrics_port", DEFAULT_METRICS_PORT), health_port,
-                                           args.get("args", ()), args.get("flux_events_address", ""))]
+                                           [*build_executor_flags(args), *args.get("args", ())],
+                                           args.get("flux_events_address", ""))]
             OperatorProcess(f"{name}-process", state_dir=local["state_dir"], command=[*local["command"], *flags],
                             env=args.get("env", {}), kubeconfig=self.kubeconfig,
                             health_url=f"http://127.0.0.1:{health_port}/healthz" if health_port else None,

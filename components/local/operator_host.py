@@ -23,9 +23,9 @@ OPERATOR_SERVICE_ACCOUNT = "strata-operator"
 PROCESS_NAME = "strata-operator"
 
 
-def install_operator_api(kubeconfig: Path, field_manager: str = "strata") -> None:
+def install_operator_api(kubeconfig: Path, field_manager: str = "strata", executor: str = "process") -> None:
     """CRDs (waited until Established), then the namespace, ServiceAccount and RBAC exactly as the
-    Operator component renders them, so whatever runs under this identity proves those objects."""
+    Operator component renders them for `executor`, so whatever runs under this identity proves those objects."""
     from kubernetes import client
 
     from ..operator import build_operator_identity, build_operator_rbac, load_packaged_manifests
@@ -43,7 +43,8 @@ def install_operator_api(kubeconfig: Path, field_manager: str = "strata") -> Non
         processes.wait_until(established, 30, "Stack and Program CRDs established")
     server_side_apply(kubeconfig, [
         *build_operator_identity(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT),
-        *build_operator_rbac(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, load_packaged_manifests("rbac")),
+        *build_operator_rbac(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, load_packaged_manifests("rbac"),
+                            executor),
     ], field_manager=field_manager)
 
 
@@ -77,12 +78,12 @@ class OperatorHost:
 
 def operator_host(platform: LocalPlatform, toolchain: Toolchain, state_dir: Path, *,
                   extra_args: tuple[str, ...] = (), token_seconds: int = 6 * 3600, pulumi: Path | None = None,
-                  plugin_dirs: tuple[Path, ...] = ()) -> OperatorHost:
+                  plugin_dirs: tuple[Path, ...] = (), executor: str = "process") -> OperatorHost:
     """Install the operator's API and describe its process (call .start()); state lives in `state_dir`.
 
     By default updates use the toolchain's CLI and YAML host; `pulumi` and `plugin_dirs` swap in an
     official install (with the Python language host and provider plugins) where one exists."""
-    install_operator_api(platform.kubeconfig_path)
+    install_operator_api(platform.kubeconfig_path, executor=executor)
     state_dir.mkdir(parents=True, exist_ok=True)
     kubeconfig = write_private(state_dir / "kubeconfig",
                                platform.token_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, token_seconds))

@@ -75,11 +75,27 @@ class UpdateRequest:
     # For `recover`: the interrupted run's host and start time (seconds since the epoch).
     interrupted_host: str = ""
     interrupted_since: float = 0.0
+    # The pod executor's: where the workspace pod goes and what it runs as (the process executor ignores them).
+    namespace: str = ""
+    owner: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the Stack's ownerReference
+    service_account: str = ""  # spec.serviceAccountName; empty: a per-Stack one with no rights
+    workspace_template: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # spec.workspaceTemplate
+    reclaim_workspace: bool = False  # spec.workspaceReclaimPolicy Delete: no pod kept between updates
+    # The references the workspace resolves itself (workspace.MountedRefs.to_json()); the process
+    # executor's requests carry their values in env and secret_config instead.
+    mounted: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    source_root: str = ""  # the materialised source holding project_dir (sent whole to a workspace pod)
 
     def to_json(self, operation: Operation) -> str:
         body = dataclasses.asdict(self)
         body["operation"] = operation
         return json.dumps(body)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "UpdateRequest":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        return cls(**{name: tuple(value) if isinstance(value, list) else value
+                      for name, value in body.items() if name in fields})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +117,14 @@ class UpdateResult:
     @property
     def ok(self) -> bool:
         return self.outcome == "succeeded"
+
+    def to_json(self) -> str:
+        """The worker's result line, which `from_json` reads (the workspace agent sends it on)."""
+        return json.dumps({
+            "outcome": self.outcome, "message": self.message, "permalink": self.permalink, "summary": self.summary,
+            "outputs": {k: {"value": v, "secret": secret} for k, (v, secret) in self.outputs.items()},
+            "reason": self.reason, "real_outputs": self.real_outputs, "outputs_error": self.outputs_error,
+            "output_digests": self.output_digests, "outputs_digest": self.outputs_digest})
 
     @classmethod
     def from_json(cls, text: str, duration: float) -> "UpdateResult":
@@ -137,6 +161,11 @@ def _secret_strings(value: Any) -> list[str]:
 
 class Engine(Protocol):
     """The operator's only way to run Pulumi."""
+
+    in_workspace_pods: bool
+    """Updates run in a pod per Stack under its ServiceAccount, which resolves the Stack's Secret, Env and
+    FS refs itself (requests carry them in `mounted`); otherwise in processes the operator forks, which
+    get every value in the request."""
 
     async def preview(self, request: UpdateRequest) -> UpdateResult: ...
 
@@ -210,6 +239,8 @@ def _package_root() -> str:
 
 class AutomationEngine:
     """`Engine` on the Pulumi Automation API, one forked worker process per operation."""
+
+    in_workspace_pods = False
 
     def __init__(self, settings: EngineSettings):
         self.settings = settings

@@ -30,6 +30,7 @@ from .engine import (AutomationEngine, Engine, EngineSettings, EngineUnavailable
 from .kube import FLUX_GROUP, FLUX_PLURALS, Forbidden, Kube
 from .outputs import (outputs_secret_conflict, outputs_secret_data, outputs_secret_manifest,
                       secret_needs_write)
+from .podengine import PodEngine, WorkspaceSettings
 from .planning import (DEFAULT_STALL_AFTER_FAILURES, Plan, Requests, check_prerequisite, drift_check_due,
                        drift_status, plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
                        prerequisites_verdict, suspended_verdict, terminating_namespace_message)
@@ -40,7 +41,7 @@ from .sources import (SourceError, SourceNotReady, download_artifact, flux_artif
                       program_revision, program_status, project_info, safe_extract, subdir,
                       write_program_project)
 from .spec import (MIN_RESYNC_SECONDS, STALLED_SPEC_INVALID, WATCHED_FLUX_KINDS, SpecInvalid, StackSpec,
-                   backend_in_workspace_volume, not_applicable_fields, parse_stack_spec, unused_sources)
+                   misplaced_file_backend, not_applicable_fields, parse_stack_spec, unused_sources)
 
 RETRY_REFS_SECONDS = 30.0
 HOST = socket.gethostname()
@@ -55,6 +56,7 @@ class OperatorSettings:
     metrics_port: int = 8383
     kubeconfig: str | None = None
     flux_events_address: str = ""  # Flux notification-controller event server; "" is off
+    workspace: WorkspaceSettings | None = None  # the pod executor's settings; None: the process executor
 
 
 @dataclasses.dataclass
@@ -259,7 +261,8 @@ def _stack_dir(ctx: Context, namespace: str, name: str) -> Path:
 async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, project: Path, resolved: Resolved,
                    run_dir: Path, message: str = "", real_outputs: bool = False) -> UpdateRequest:
     env = dict(resolved.env)
-    if spec.service_account_name:
+    if spec.service_account_name and not ctx.engine.in_workspace_pods:
+        # A workspace pod runs as the ServiceAccount itself; a forked worker gets a token kubeconfig for it.
         minted = await ctx.kube.service_account_kubeconfig(namespace, spec.service_account_name)
         if minted is None:
             raise RefError(f"spec.serviceAccountName: ServiceAccount {spec.service_account_name!r} not found in "
@@ -276,7 +279,19 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
         secrets_provider=spec.secrets_provider, create=not spec.use_local_stack_only, refresh=spec.refresh,
         expect_no_refresh_changes=spec.expect_no_refresh_changes, targets=tuple(spec.targets),
         target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message,
-        run_program=spec.run_program, real_outputs=real_outputs)
+        run_program=spec.run_program, real_outputs=real_outputs, namespace=namespace,
+        service_account=spec.service_account_name, workspace_template=spec.workspace_template or {},
+        reclaim_workspace=spec.workspace_reclaim_policy == "Delete", mounted=resolved.mounted.to_json(),
+        source_root=str(_source_root(project, run_dir)))
+
+
+def _source_root(project: Path, run_dir: Path) -> Path:
+    """The materialised source that holds the project (a repository checked out whole, the project in a
+    subdirectory): the project's ancestor directly under the run's directory."""
+    try:
+        return run_dir / project.relative_to(run_dir).parts[0]
+    except (ValueError, IndexError):
+        return project
 
 
 async def _recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
@@ -315,7 +330,8 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     except SpecInvalid as err:
         await session.stall(err.reason, str(err), st.EVENT_CONFIG_INVALID)
         return None
-    inapplicable, unused = not_applicable_fields(dict(raw_spec)), unused_sources(spec)
+    inapplicable = not_applicable_fields(dict(raw_spec), ctx.engine.in_workspace_pods)
+    unused = unused_sources(spec)
     if (session.status.get("ignoredFields") or []) != inapplicable + unused:
         if inapplicable:
             _event(body, st.EVENT_CONFIG_INVALID,
@@ -344,10 +360,10 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 
     try:
         resolved = await resolve_stack(spec, session.namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
-                                       ctx.settings.allow_operator_refs)
+                                       ctx.settings.allow_operator_refs, ctx.engine.in_workspace_pods)
     except RefError as err:
         return await _wait_for_reference(session, err)
-    misplaced = backend_in_workspace_volume(spec, resolved.env.get("PULUMI_BACKEND_URL", ""))
+    misplaced = misplaced_file_backend(spec, resolved.env.get("PULUMI_BACKEND_URL", ""), ctx.engine.in_workspace_pods)
     if misplaced is not None:
         await session.stall(STALLED_SPEC_INVALID, str(misplaced), st.EVENT_CONFIG_INVALID)
         return None
@@ -764,7 +780,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.watching.server_timeout = 270
     install_log_redaction()
     kube = Kube.from_environment(options.kubeconfig)
-    engine = AutomationEngine(options.engine)
+    engine: Engine = (PodEngine(options.engine, options.workspace, kube) if options.workspace is not None
+                      else AutomationEngine(options.engine))
     memo.ctx = Context(kube=kube, engine=engine, settings=options)
     options.engine.state_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -778,7 +795,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         FLUX_EVENTS = flux_events.FluxEventSink(options.flux_events_address)
         FLUX_EVENTS.start()
         logger.info("Stack Events also go to Flux's notification-controller at %s", options.flux_events_address)
-    logger.info("strata operator started: concurrency %d, state in %s", options.engine.concurrency,
+    executor = (f"pod executor (a workspace pod per Stack, image {options.workspace.image})"
+                if options.workspace is not None else "process executor")
+    logger.info("strata operator started: %s, concurrency %d, state in %s", executor, options.engine.concurrency,
                 options.engine.state_dir)
 
 
@@ -895,7 +914,7 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
     try:
         try:
             resolved = await resolve_stack(spec, namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
-                                           ctx.settings.allow_operator_refs)
+                                           ctx.settings.allow_operator_refs, ctx.engine.in_workspace_pods)
             await _recover_interrupted(session, spec, resolved)
             project = await _destroy_project(session, spec, resolved, work, logger)
             request = await _request(ctx, spec, namespace, name, project, resolved, work, "destroy on finalize")

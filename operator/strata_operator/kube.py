@@ -214,3 +214,34 @@ class Kube:
             "contexts": [{"name": "stack", "context": {"cluster": "cluster", "user": name, "namespace": namespace}}],
         }
         return yaml.safe_dump(config), token
+
+    # Workspace pods (the pod executor): the pod, its agent Secret and its default ServiceAccount.
+    async def get_pod(self, namespace: str, name: str) -> dict | None:
+        try:
+            pod = await self._call(kubernetes.client.CoreV1Api(self.api).read_namespaced_pod, name, namespace)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+        return self.api.sanitize_for_serialization(pod)
+
+    async def create_pod(self, namespace: str, body: dict) -> dict:
+        pod = await self._call(kubernetes.client.CoreV1Api(self.api).create_namespaced_pod, namespace, body)
+        return self.api.sanitize_for_serialization(pod)
+
+    async def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        try:
+            await self._call(kubernetes.client.CoreV1Api(self.api).delete_namespaced_pod, name, namespace,
+                             grace_period_seconds=grace_seconds)
+        except ApiException as err:
+            if not _absent(err):
+                raise
+
+    async def create_service_account(self, namespace: str, body: dict) -> None:
+        """Create it unless it exists (what exists is left as it is)."""
+        try:
+            await self._call(kubernetes.client.CoreV1Api(self.api).create_namespaced_service_account, namespace, body)
+        except ApiException as err:
+            if err.status != 409:
+                raise
+

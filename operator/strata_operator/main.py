@@ -6,6 +6,7 @@ import argparse
 import copy
 import logging
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
 from .lease import DEFAULT_LEASE_NAME
 from .planning import DEFAULT_STALL_AFTER_FAILURES
 from .plugins import default_plugin_cache
+from .podengine import WorkspaceSettings
 from .spec import MIN_RESYNC_SECONDS
 
 
@@ -59,8 +61,46 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also send every Stack Event, in Flux's event format, to Flux's notification-controller "
                         "event server at this URL (e.g. http://notification-controller.flux-system.svc.cluster."
                         "local./), asynchronously and best effort; default: off")
+    p.add_argument("--executor", choices=("process", "pod"), default=os.environ.get("STRATA_EXECUTOR", "process"),
+                   help="where updates run: `process`, forked by the operator as its own user (default); `pod`, in "
+                        "a workspace pod per Stack in its namespace, under its serviceAccountName, from "
+                        "--workspace-image (isolates teams from each other and from the operator)")
+    p.add_argument("--workspace-image", default=os.environ.get("STRATA_WORKSPACE_IMAGE", ""), metavar="IMAGE",
+                   help="with --executor pod: the image of workspace pods, the operator's own (its agent, pulumi "
+                        "CLI and language hosts run the updates)")
+    p.add_argument("--workspace-image-pull-policy", default="IfNotPresent", choices=("Always", "IfNotPresent", "Never"))
+    p.add_argument("--workspace-node-selector", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --executor pod: a node label every workspace pod requires (repeatable)")
+    p.add_argument("--workspace-toleration", action="append", default=[], metavar="KEY=VALUE:EFFECT",
+                   help="with --executor pod: a taint every workspace pod tolerates (repeatable)")
     p.add_argument("--verbose", "-v", action="store_true")
     return p
+
+
+def workspace_settings(args: argparse.Namespace) -> WorkspaceSettings | None:
+    """The pod executor's settings from the flags (None: the process executor); SystemExit names a bad flag."""
+    if args.executor != "pod":
+        return None
+    if not args.workspace_image:
+        raise SystemExit("--executor pod needs --workspace-image IMAGE (the operator's own image), or "
+                         "STRATA_WORKSPACE_IMAGE")
+    selector = {}
+    for item in args.workspace_node_selector:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--workspace-node-selector {item!r}: write KEY=VALUE")
+        selector[key] = value
+    tolerations = []
+    for item in args.workspace_toleration:
+        match = re.fullmatch(r"([^=:]+)(?:=([^:]*))?:(NoSchedule|PreferNoSchedule|NoExecute)", item)
+        if match is None:
+            raise SystemExit(f"--workspace-toleration {item!r}: write KEY=VALUE:EFFECT or KEY:EFFECT (EFFECT: "
+                             "NoSchedule, PreferNoSchedule or NoExecute)")
+        key, value, effect = match.groups()
+        tolerations.append({"key": key, "operator": "Equal", "value": value, "effect": effect} if value is not None
+                           else {"key": key, "operator": "Exists", "effect": effect})
+    return WorkspaceSettings(image=args.workspace_image, image_pull_policy=args.workspace_image_pull_policy,
+                             node_selector=selector, tolerations=tuple(tolerations))
 
 
 class ObjectPrefixFormatter(logging.Formatter):
@@ -92,6 +132,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.plugin_cache.name != "plugins":
         raise SystemExit(f"--plugin-cache {args.plugin_cache}: name the plugins directory of a PULUMI_HOME (e.g. "
                          "/srv/pulumi/plugins), so that `PULUMI_HOME=/srv/pulumi pulumi plugin install ...` fills it")
+    workspace = workspace_settings(args)
     try:
         flux_events_address = check_address(args.flux_events_address)
     except ValueError as err:
@@ -118,7 +159,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         engine=engine,
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
         allow_operator_refs=not args.no_operator_refs,
-        metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address)
+        metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
+        workspace=workspace)
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
         liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election))

@@ -14,6 +14,7 @@ from typing import Any
 from .redaction import REDACTOR
 from .sources import GitCredentials, GitHubApp
 from .spec import ResourceRef, StackSpec
+from .workspace import MountedRefs
 
 ReadMap = Callable[[str, str], Awaitable[dict[str, str] | None]]  # (namespace, name) -> data or None
 
@@ -31,6 +32,17 @@ class Resolved:
     secret_env: frozenset[str] = frozenset()
     """The `env` entries whose values are secret: from Secrets, the operator's own env and files, and
     the passphrase and access token however given."""
+    mounted: MountedRefs = MountedRefs()
+    """With the pod executor: the references left for the workspace pod to resolve (never read here)."""
+
+
+def _mounted_ref(ref: ResourceRef) -> dict[str, Any]:
+    """A non-literal ref as the workspace pod resolves it: a Secret key, or its own env or file (PKO v2)."""
+    if ref.type == "Secret":
+        return {"secret": {"name": ref.secret.name, "key": ref.secret.key}}  # type: ignore[union-attr]
+    if ref.type == "Env":
+        return {"env": ref.env.name}  # type: ignore[union-attr]
+    return {"file": ref.filesystem.path}  # type: ignore[union-attr]
 
 
 async def resolve_ref(field: str, ref: ResourceRef, namespace: str, read_secret: ReadMap,
@@ -105,9 +117,15 @@ async def _git_credentials(spec: StackSpec, namespace: str, read_secret: ReadMap
 
 
 async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, read_configmap: ReadMap,
-                        allow_operator_refs: bool = True) -> Resolved:
+                        allow_operator_refs: bool = True, mount_secrets: bool = False) -> Resolved:
+    """`mount_secrets` (the pod executor): the Stack's Secrets, Env and FS refs are left to its workspace
+    pod, which gets the Secrets from the kubelet; only ConfigMaps, literals and git credentials (the
+    operator fetches the source) are read here."""
     env: dict[str, str] = {}
     secret_env: set[str] = set()
+    mounted_env: dict[str, dict[str, Any]] = {}
+    env_from: list[str] = []
+    mounted_config: dict[str, dict[str, Any]] = {}
 
     def put(values: dict[str, str], secret: bool) -> None:
         env.update(values)
@@ -121,23 +139,33 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
         if data is None:
             raise RefError(f"spec.envs: ConfigMap {name!r} not found")
         put(data, secret=False)
-    for name in spec.env_secrets:
+    for name in spec.env_secrets if mount_secrets else ():
+        env_from.append(name)
+    for name in () if mount_secrets else spec.env_secrets:
         data = await read_secret(namespace, name)
         if data is None:
             raise RefError(f"spec.envSecrets: Secret {name!r} not found")
         REDACTOR.add(*data.values())
         put(data, secret=True)
-    if spec.access_token_secret:
+    if spec.access_token_secret and mount_secrets:
+        mounted_env["PULUMI_ACCESS_TOKEN"] = {"secret": {"name": spec.access_token_secret, "key": "accessToken"}}
+    elif spec.access_token_secret:
         data = await read_secret(namespace, spec.access_token_secret)
         if data is None or "accessToken" not in data:
             raise RefError(f"spec.accessTokenSecret: Secret {spec.access_token_secret!r} with key 'accessToken' not found")
         REDACTOR.add(data["accessToken"])
         put({"PULUMI_ACCESS_TOKEN": data["accessToken"]}, secret=True)
     for key, ref in sorted(spec.env_refs.items()):
+        if mount_secrets and ref.type != "Literal":
+            mounted_env[key] = _mounted_ref(ref)
+            env.pop(key, None)
+            continue
+        mounted_env.pop(key, None)
         value = await resolve_ref(f"spec.envRefs.{key}", ref, namespace, read_secret, allow_operator_refs)
         put({key: value}, secret=ref.type != "Literal")
     if spec.backend:
         put({"PULUMI_BACKEND_URL": spec.backend}, secret=False)
+        mounted_env.pop("PULUMI_BACKEND_URL", None)
     for secret_name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN"):
         if secret_name in env:
             REDACTOR.add(env[secret_name])
@@ -155,10 +183,15 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
     secret_config = dict(spec.secrets)
     REDACTOR.add(*secret_config.values())
     for key, ref in sorted(spec.secrets_ref.items()):
+        if mount_secrets and ref.type != "Literal":
+            mounted_config[key] = _mounted_ref(ref)
+            secret_config.pop(key, None)
+            continue
         secret_config[key] = await resolve_ref(f"spec.secretsRef.{key}", ref, namespace, read_secret,
                                                allow_operator_refs)
         REDACTOR.add(secret_config[key])
     git = await _git_credentials(spec, namespace, read_secret, allow_operator_refs) if spec.project_repo else None
     if git is not None:
         git.register_secrets()
-    return Resolved(env, config, secret_config, git, frozenset(secret_env))
+    return Resolved(env, config, secret_config, git, frozenset(secret_env),
+                    MountedRefs(mounted_env, tuple(env_from), mounted_config))

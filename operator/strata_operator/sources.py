@@ -373,6 +373,11 @@ def _inside(root: Path, candidate: str) -> bool:
     return resolved == str(root) or resolved.startswith(str(root) + os.sep)
 
 
+# Python's own extraction filter where it has one (3.11.4+; the operator image's Debian Python 3.11.2 has
+# not): a second line of defence behind the checks below, which alone decide.
+_TAR_FILTER = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+
+
 def safe_extract(archive: Path, dest: Path, max_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
                  max_members: int = DEFAULT_MAX_MEMBERS) -> None:
     """Unpack a (gzipped) tarball into `dest`, refusing absolute or escaping paths, links that point
@@ -403,7 +408,7 @@ def safe_extract(archive: Path, dest: Path, max_bytes: int = DEFAULT_MAX_UNPACKE
                 if total > max_bytes:
                     raise UnsafeArchive(f"archive expands beyond the {max_bytes} byte limit")
                 member.mode = (member.mode or 0o644) & 0o755
-                tar.extract(member, root, set_attrs=member.isfile() or member.isdir(), filter="tar")
+                tar.extract(member, root, set_attrs=member.isfile() or member.isdir(), **_TAR_FILTER)
     except tarfile.TarError as err:
         raise SourceError(f"artifact is not a readable tarball: {err}") from None
 

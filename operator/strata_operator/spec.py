@@ -529,8 +529,18 @@ def parse_stack_spec(raw: dict[str, Any] | None, namespace: str) -> StackSpec:
     return spec
 
 
-def not_applicable_fields(raw: dict[str, Any]) -> list[str]:
-    return [f for f in NOT_APPLICABLE_FIELDS if raw.get(f) not in (None, "", {}, [])]
+# With the pod executor: the parts of workspaceTemplate that Strata's workspace pod cannot honour. The
+# update runs the operator image's agent, CLI and language hosts (a custom image has none of the agent).
+POD_NOT_APPLICABLE_FIELDS = ("image", "imagePullPolicy", "serviceTemplate", "stacks", "pulumiLogLevel", "git", "flux")
+
+
+def not_applicable_fields(raw: dict[str, Any], in_workspace_pods: bool = False) -> list[str]:
+    if not in_workspace_pods:
+        return [f for f in NOT_APPLICABLE_FIELDS if raw.get(f) not in (None, "", {}, [])]
+    template = ((raw.get("workspaceTemplate") or {}).get("spec") or {})
+    return [*(f"workspaceTemplate.spec.{f}" for f in POD_NOT_APPLICABLE_FIELDS
+              if template.get(f) not in (None, "", {}, [])),
+            *(f for f in ("updateTemplate",) if raw.get(f) not in (None, "", {}, []))]
 
 
 def workspace_mounts(workspace_template: dict[str, Any] | None) -> dict[str, str]:
@@ -544,24 +554,30 @@ def workspace_mounts(workspace_template: dict[str, Any] | None) -> dict[str, str
     return mounts
 
 
-def backend_in_workspace_volume(spec: StackSpec, backend_url: str) -> SpecIssue | None:
-    """A file:// backend inside a volume that PKO mounts into its workspace pod (its e2e Stacks keep state
-    on a PersistentVolumeClaim at /state): updates here run on the operator's host, which has no such
-    volume, so the state would land in the host's directory instead. Named, never run."""
+def misplaced_file_backend(spec: StackSpec, backend_url: str, in_workspace_pods: bool) -> SpecIssue | None:
+    """A file:// backend where its state would not last. PKO keeps file state on a volume of its workspace
+    pod (its e2e Stacks: a PersistentVolumeClaim at /state). The process executor runs updates on the
+    operator's host, which has no such volume: the state would land in the host's directory instead.
+    The pod executor has the volumes, but state anywhere else in the pod goes with the pod. Named, never run."""
     if not backend_url.startswith("file://"):
         return None
     path = backend_url.removeprefix("file://").rstrip("/") or "/"
     mounts = workspace_mounts(spec.workspace_template)
     mount = next((m for m in sorted(mounts, key=len, reverse=True)
                   if path == m or path.startswith(m.rstrip("/") + "/")), None)
-    if mount is None:
-        return None
     field = "spec.backend" if spec.backend else "spec.envRefs.PULUMI_BACKEND_URL"
+    if in_workspace_pods and mount is None:
+        return SpecIssue(field, f"the file:// backend {backend_url!r} is on no volume of the workspace pod "
+                                "(spec.workspaceTemplate): its state would be lost with the pod",
+                         "mount a PersistentVolumeClaim there through spec.workspaceTemplate.spec.podTemplate.spec "
+                         "(volumes, and volumeMounts of the container named 'pulumi'), or use a cloud backend")
+    if in_workspace_pods or mount is None:
+        return None
     return SpecIssue(field, f"the file:// backend {backend_url!r} is inside the volume {mounts[mount]!r} that PKO "
-                            f"mounts at {mount} in its workspace pod (spec.workspaceTemplate); Strata runs updates on "
-                            "the operator's host, which has no such volume",
+                            f"mounts at {mount} in its workspace pod (spec.workspaceTemplate); this operator runs "
+                            "updates on its own host (--executor process), which has no such volume",
                      "use a backend the operator's host can reach (a file:// directory of its own, or a cloud "
-                     "backend)")
+                     "backend), or run the operator with --executor pod")
 
 
 def unused_sources(spec: StackSpec) -> list[str]:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from strata_mocks import FAKE_CA, fake_token
 
-from strata_components.operator import (Operator, build_operator_deployment, build_operator_objects,
+from strata_components.operator import (Operator, build_executor_flags, build_operator_deployment, build_operator_objects,
                                         build_operator_rbac, load_packaged_manifests)
 
 READ = {"get", "list", "watch"}
@@ -70,6 +70,28 @@ def test_operator_rbac_never_grants_wildcards_deletes_or_escalation():
             # listed or watched.
             if "secrets" in rule["resources"]:
                 assert set(rule["verbs"]) <= {"get", "create", "update"}
+
+
+def test_only_a_pod_executor_operator_may_create_workspace_pods():
+    packaged = load_packaged_manifests("rbac")
+    process = build_operator_objects({"provider": None, "mode": "in-cluster", "image": "img:1"}, packaged)
+    pod = build_operator_objects({"provider": None, "mode": "in-cluster", "image": "img:1", "executor": "pod",
+                                  "workspace_node_selector": {"pool": "updates"},
+                                  "workspace_tolerations": [{"key": "k", "value": "v", "effect": "NoSchedule"}]},
+                                 packaged)
+    grants = {name: _grants([r for o in objects if o["kind"] == "ClusterRole" for r in o["rules"]])
+              for name, objects in (("process", process), ("pod", pod))}
+    assert ("", "pods") not in grants["process"] and ("", "serviceaccounts") not in grants["process"]
+    assert grants["pod"][("", "pods")] == {"get", "create", "delete"}
+    assert grants["pod"][("", "serviceaccounts")] == {"create"}
+    (deployment,) = [o for o in pod if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"--executor=pod", "--workspace-image=img:1", "--workspace-node-selector=pool=updates",
+            "--workspace-toleration=k=v:NoSchedule"} <= set(args)
+    (plain,) = [o for o in process if o["kind"] == "Deployment"]
+    assert not any(a.startswith("--executor") for a in plain["spec"]["template"]["spec"]["containers"][0]["args"])
+    with pytest.raises(ValueError, match="workspace_image"):
+        build_executor_flags({"provider": None, "mode": "local", "executor": "pod"})
 
 
 def test_operator_rbac_binds_only_the_given_service_account():

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata_operator.spec import (ProgramBody, SpecInvalid, StackSpec, backend_in_workspace_volume,
+from strata_operator.spec import (ProgramBody, SpecInvalid, StackSpec, misplaced_file_backend,
                                   not_applicable_fields, parse_duration, parse_program, parse_stack_spec,
                                   unused_sources)
 
@@ -133,6 +133,8 @@ def test_pko_v2_fields_are_accepted_and_inapplicable_ones_listed():
     assert spec.config["app:tags"] == {"team": "a"}
     assert spec.config_ref["app:x"].json_ is True
     assert not_applicable_fields(raw) == ["workspaceTemplate", "workspaceReclaimPolicy"]
+    # A workspace pod honours the template and the reclaim policy, not a custom image (it has no agent).
+    assert not_applicable_fields(raw, in_workspace_pods=True) == ["workspaceTemplate.spec.image"]
 
 
 def test_program_requires_resource_types():
@@ -230,13 +232,26 @@ def test_a_file_backend_inside_a_pko_workspace_volume_is_named():
     spec = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "workspaceTemplate": template,
                              "envRefs": {"PULUMI_BACKEND_URL": {"type": "Literal",
                                                                 "literal": {"value": "file:///state/"}}}}, "team")
-    issue = backend_in_workspace_volume(spec, "file:///state/")
+    issue = misplaced_file_backend(spec, "file:///state/", in_workspace_pods=False)
     assert issue.path == "spec.envRefs.PULUMI_BACKEND_URL" and "'state'" in issue.problem and "/state" in issue.problem
-    assert backend_in_workspace_volume(spec, "file:///state/sub") is not None
-    assert backend_in_workspace_volume(spec, "file:///stateful") is None
-    assert backend_in_workspace_volume(spec, "s3://bucket") is None
+    assert "--executor pod" in issue.fix
+    assert misplaced_file_backend(spec, "file:///state/sub", in_workspace_pods=False) is not None
+    assert misplaced_file_backend(spec, "file:///stateful", in_workspace_pods=False) is None
+    assert misplaced_file_backend(spec, "s3://bucket", in_workspace_pods=False) is None
     without_template = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}}, "team")
-    assert backend_in_workspace_volume(without_template, "file:///state/") is None
+    assert misplaced_file_backend(without_template, "file:///state/", in_workspace_pods=False) is None
+
+
+def test_with_workspace_pods_a_file_backend_must_be_on_a_workspace_volume():
+    template = {"spec": {"podTemplate": {"spec": {"containers": [
+        {"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"}]}]}}}}
+    spec = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "workspaceTemplate": template,
+                             "backend": "file:///state/team"}, "team")
+    assert misplaced_file_backend(spec, "file:///state/team", in_workspace_pods=True) is None
+    lost = misplaced_file_backend(spec, "file:///home/strata/state", in_workspace_pods=True)
+    assert lost.path == "spec.backend" and "lost with the pod" in lost.problem
+    assert "PersistentVolumeClaim" in lost.fix and "'pulumi'" in lost.fix
+    assert misplaced_file_backend(spec, "s3://bucket", in_workspace_pods=True) is None
 
 
 def test_outputs_secret_and_consumed_outputs_parse():

@@ -1,0 +1,168 @@
+"""The workspace agent: `python -m strata_operator.agent`, the process of a Stack's workspace pod (pod executor).
+
+It serves HTTPS on STRATA_AGENT_PORT with the key pair in STRATA_AGENT_DIR and accepts only requests
+bearing that directory's token. The operator uploads the program's source (a tarball named by its
+sha256), then asks for operations; each runs exactly as under the process executor, through an
+`AutomationEngine` inside the pod (a forked worker per operation, the Stack's environment only),
+with the references the kubelet resolved (Secrets as the pod's environment) filled in here. An
+operation outlives the connection that asked for it: an operator that dies mid-update leaves the
+update to finish, and its successor's `recover` waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import shutil
+import ssl
+import tempfile
+from pathlib import Path
+
+from aiohttp import web
+
+from .engine import AutomationEngine, EngineSettings, UpdateRequest, UpdateResult
+from .redaction import install_log_redaction
+from .sources import SourceError, safe_extract
+from .workspace import MountedRefs, RefUnavailable, resolve_in_workspace
+
+MAX_SOURCE_BYTES = 512 * 1024 * 1024
+KEEP_SOURCES = 2
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+log = logging.getLogger("strata_operator.agent")
+
+
+class Agent:
+    def __init__(self, workspace: Path, token: str, engine: AutomationEngine):
+        self.workspace, self.token, self.engine = workspace, token, engine
+        self.sources = workspace / "sources"
+        self.sources.mkdir(parents=True, exist_ok=True)
+        self.operations = {"preview": engine.preview, "up": engine.up, "refresh": engine.refresh,
+                           "destroy": engine.destroy, "outputs": engine.outputs, "remove": engine.remove_stack,
+                           "recover": engine.recover}
+
+    @web.middleware
+    async def authenticate(self, request: web.Request, handler):
+        if request.path == "/healthz":
+            return await handler(request)
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    def _source_dir(self, request: web.Request) -> Path:
+        digest = request.match_info["digest"]
+        if not _DIGEST.match(digest):
+            raise web.HTTPBadRequest(text="a source is named by its sha256")
+        return self.sources / digest
+
+    async def has_source(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._source_dir(request).is_dir() else 404)
+
+    async def put_source(self, request: web.Request) -> web.Response:
+        dest = self._source_dir(request)
+        if dest.is_dir():
+            return web.Response(status=200)
+        digest, size = hashlib.sha256(), 0
+        with tempfile.NamedTemporaryFile(dir=self.sources, suffix=".tar.gz", delete=False) as archive:
+            async for chunk in request.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > MAX_SOURCE_BYTES:
+                    Path(archive.name).unlink()
+                    raise web.HTTPRequestEntityTooLarge(max_size=MAX_SOURCE_BYTES, actual_size=size)
+                digest.update(chunk)
+                archive.write(chunk)
+        try:
+            if digest.hexdigest() != dest.name:
+                raise web.HTTPBadRequest(text="the source does not match its digest")
+            staging = Path(tempfile.mkdtemp(dir=self.sources, prefix=".staging-"))
+            try:
+                await asyncio.to_thread(safe_extract, Path(archive.name), staging)
+            except SourceError as err:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise web.HTTPBadRequest(text=str(err)) from None
+            staging.rename(dest)
+        finally:
+            Path(archive.name).unlink(missing_ok=True)
+        self._prune(keep=dest)
+        return web.Response(status=201)
+
+    def _prune(self, keep: Path) -> None:
+        """Keep the newest sources only (one in use, one to go back to)."""
+        found = sorted((p for p in self.sources.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in [p for p in found if p != keep][KEEP_SOURCES - 1:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    async def run(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        operation = body.get("operation")
+        if operation not in self.operations:
+            raise web.HTTPBadRequest(text=f"unknown operation {operation!r}")
+        update = UpdateRequest.from_json(body["request"])
+        project = self.sources / str(body.get("source", "")) / str(body.get("subdir", "."))
+        if not _DIGEST.match(str(body.get("source", ""))) or not project.is_dir() \
+                or not project.resolve().is_relative_to(self.sources.resolve()):
+            return web.json_response({"error": "source missing: upload it first"}, status=409)
+        try:
+            env, secret_config, secret_env = resolve_in_workspace(MountedRefs.from_json(update.mounted),
+                                                                  os.environ, update.env)
+        except RefUnavailable as err:
+            return web.json_response({"result": json.loads(UpdateResult("failed", str(err)).to_json())})
+        plan_file = ""
+        if update.plan_file:
+            plans = self.workspace / "plans"
+            plans.mkdir(exist_ok=True)
+            plan_file = str(plans / f"{operation}.json")
+            Path(plan_file).unlink(missing_ok=True)
+            if body.get("plan"):
+                Path(plan_file).write_bytes(base64.b64decode(body["plan"]))
+        update = dataclasses.replace(
+            update, project_dir=str(project), env=env, secret_config={**update.secret_config, **secret_config},
+            secret_env=tuple(sorted({*update.secret_env, *secret_env})), plan_file=plan_file, mounted={})
+        result = await self.operations[operation](update)
+        answer = {"result": json.loads(result.to_json())}
+        if operation == "preview" and plan_file and Path(plan_file).is_file():
+            answer["plan"] = base64.b64encode(Path(plan_file).read_bytes()).decode()
+        return web.json_response(answer)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"cancelled": await self.engine.cancel(str(body.get("stack_key", "")))})
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.authenticate], client_max_size=MAX_SOURCE_BYTES)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_route("HEAD", "/sources/{digest}", self.has_source)
+        app.router.add_put("/sources/{digest}", self.put_source)
+        app.router.add_post("/run", self.run)
+        app.router.add_post("/cancel", self.cancel)
+        return app
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
+    credentials = Path(os.environ.get("STRATA_AGENT_DIR", "/var/run/strata/agent"))
+    workspace = Path(os.environ.get("STRATA_WORKSPACE", "/workspace"))
+    port = int(os.environ.get("STRATA_AGENT_PORT", "8443"))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(credentials / "tls.crt", credentials / "tls.key")
+    engine = AutomationEngine(EngineSettings(state_dir=workspace / "state", concurrency=2,
+                                             plugin_cache=workspace / "plugins"))
+    agent = Agent(workspace, (credentials / "token").read_text().strip(), engine)
+    log.info("workspace agent on :%d; %s", port, engine.settings.summary())
+    web.run_app(agent.app(), port=port, ssl_context=tls, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""The pod executor on the real node: two teams' Stacks run at once, each in its own workspace pod, and
+neither team can reach the other's environment, passphrase, workdir, state or identity, nor the operator's.
+
+The operator runs as a host process with `--executor pod` (its workspace pods land on the real node).
+What a team's program can do is what any process in its workspace container can do (same container,
+user, environment, mounts and token), so the probes run there with `kubectl exec`'s API.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.stream import stream
+
+from strata_components.local import processes, realnode
+from strata_components.local.operator_host import operator_host
+from strata_operator.workspace import AGENT_PORT, CONTAINER, RUN_AS
+
+TEAMS = ("alpha", "beta")
+STATE_ROOT = Path("/var/lib/strata-test-workspaces")
+STASH_COUNT = 300  # enough resources that an update lasts a few seconds: long enough to interrupt
+
+
+def _program(team: str, count: int = 1) -> dict:
+    resources = {f"r{i}": {"type": "pulumi:index:Stash", "properties": {"input": f"{team}-{i}"}} for i in range(count)}
+    return {"resources": resources, "outputs": {"team": f"${{r0.input}}"}}
+
+
+def _stack_spec(passphrase_secret: str = "pulumi") -> dict:
+    return {
+        "stack": "dev", "programRef": {"name": "app"}, "backend": "file:///state",
+        "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": passphrase_secret,
+                                                                               "key": "passphrase"}},
+                    "TEAM_CANARY": {"type": "Secret", "secret": {"name": "pulumi", "key": "canary"}}},
+        "workspaceTemplate": {"spec": {"podTemplate": {"spec": {
+            "containers": [{"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"}]}],
+            "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": "state"}}]}}}},
+    }
+
+
+def _create_team(core: client.CoreV1Api, custom: client.CustomObjectsApi, namespace: str, team: str) -> dict:
+    """A team's namespace with its passphrase and canary, its state volume (a PersistentVolume on the
+    node, as a platform admin would provision it), its Program and its Stack."""
+    secrets = {"passphrase": f"{team}-passphrase-{uuid.uuid4().hex}", "canary": f"{team}-canary-{uuid.uuid4().hex}"}
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"}, "stringData": secrets})
+    state = STATE_ROOT / namespace
+    state.mkdir(parents=True, mode=0o700)
+    os.chown(state, RUN_AS, RUN_AS)
+    core.create_persistent_volume({
+        "metadata": {"name": f"{namespace}-state"},
+        "spec": {"capacity": {"storage": "100Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(state), "type": "Directory"},
+                 "claimRef": {"namespace": namespace, "name": "state"}}})
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": "state"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"{namespace}-state",
+                 "resources": {"requests": {"storage": "100Mi"}}}})
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
+        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "app"},
+        "program": _program(team)})
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"}, "spec": _stack_spec()})
+    return {"namespace": namespace, "state": state, **secrets}
+
+
+@pytest.fixture(scope="module")
+def teams(platform, toolchain, kube_client, operator_image, tmp_path_factory) -> Iterator[dict]:
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    suffix = uuid.uuid4().hex[:5]
+    namespaces = {team: f"pods-{team}-{suffix}" for team in TEAMS}
+    toleration = realnode.TOLERATION
+    host = operator_host(platform, toolchain, tmp_path_factory.mktemp("pod-operator"), executor="pod", extra_args=(
+        "--executor", "pod", "--workspace-image", operator_image.name, "--workspace-image-pull-policy", "Never",
+        *(arg for key, value in realnode.NODE_LABEL.items() for arg in ("--workspace-node-selector", f"{key}={value}")),
+        "--workspace-toleration", f"{toleration['key']}={toleration['value']}:{toleration['effect']}",
+        "--no-leader-election", "--min-resync-seconds", "3",
+        *(arg for namespace in namespaces.values() for arg in ("--namespace", namespace))))
+    created = {}
+    try:
+        for team, namespace in namespaces.items():
+            created[team] = _create_team(core, custom, namespace, team)
+        host.start()
+        yield {"host": host, **created}
+    finally:
+        host.stop()
+        for team in created.values():
+            core.delete_namespace(team["namespace"])
+            core.delete_persistent_volume(f"{team['namespace']}-state")
+            subprocess.run(["rm", "-rf", str(team["state"])], check=False)
+
+
+def _stack(custom: client.CustomObjectsApi, namespace: str) -> dict:
+    return custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")
+
+
+def _ready(stack: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in (stack.get("status") or {}).get("conditions") or [])
+
+
+def _wait(custom: client.CustomObjectsApi, namespace: str, check, what: str, timeout: float = 240) -> dict:
+    last = {}
+
+    def probe():
+        last["stack"] = _stack(custom, namespace)
+        return last["stack"] if check(last["stack"]) else None
+
+    try:
+        return processes.wait_until(probe, timeout, what, interval=0.5)
+    except processes.ProcessError:
+        raise AssertionError(f"{what}: {json.dumps((last.get('stack') or {}).get('status'), indent=1)}") from None
+
+
+def _exec(core: client.CoreV1Api, namespace: str, script: str) -> str:
+    """Run `script` with python in the Stack's workspace container, as its program would run."""
+    return stream(core.connect_get_namespaced_pod_exec, "app-workspace", namespace, container=CONTAINER,
+                  command=["python", "-c", script], stderr=True, stdin=False, stdout=True, tty=False)
+
+
+def test_each_team_runs_in_its_own_workspace_pod_under_its_own_identity(teams, kube_client):
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    for team in TEAMS:
+        namespace = teams[team]["namespace"]
+        stack = _wait(custom, namespace, _ready, f"{team}'s Stack Ready")
+        assert stack["status"]["outputs"] == {"team": f"{team}-0"}
+        pod = core.read_namespaced_pod("app-workspace", namespace)
+        assert pod.spec.node_name == "real-0"
+        assert pod.spec.service_account_name == "app-workspace"
+        assert pod.metadata.owner_references[0].kind == "Stack"
+        assert pod.metadata.labels["auto.pulumi.com/workspace-name"] == "app"
+        # The Secret's values reach the pod from the kubelet, by reference.
+        env = {e.name: e for e in pod.spec.containers[0].env}
+        assert env["STRATA_ENV__PULUMI_CONFIG_PASSPHRASE"].value_from.secret_key_ref.name == "pulumi"
+        assert env["STRATA_ENV__PULUMI_CONFIG_PASSPHRASE"].value is None
+        # The state is on the team's own volume.
+        assert list((teams[team]["state"] / ".pulumi" / "stacks").rglob("dev.json"))
+
+
+PROBE = r"""
+import glob, json, os, sys
+other = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
+environ = "".join(open(p, errors="replace").read() for p in glob.glob("/proc/[0-9]*/environ") if os.access(p, os.R_OK))
+cmdlines = " ".join(open(p, errors="replace").read() for p in glob.glob("/proc/[0-9]*/cmdline"))
+print(json.dumps({
+    "uid": os.getuid(),
+    "environ": environ,
+    "cmdlines": cmdlines,
+    "state": sorted(os.listdir("/state/.pulumi/stacks")) if os.path.isdir("/state/.pulumi/stacks") else [],
+    "paths": {p: os.path.exists(p) for p in other.get("paths", [])},
+    "token": open("/var/run/secrets/kubernetes.io/serviceaccount/token").read(),
+}))
+"""
+
+
+def _probe(core: client.CoreV1Api, namespace: str, paths: list[str]) -> dict:
+    script = PROBE.replace("sys.argv[1]) if len(sys.argv) > 1 else {}", repr(json.dumps({"paths": paths})) + ")")
+    return json.loads(_exec(core, namespace, script).strip().splitlines()[-1])
+
+
+def _api(platform, token: str, path: str, body: bytes | None = None) -> int:
+    """The apiserver's answer to `token` alone (no client certificate)."""
+    context = ssl.create_default_context(cafile=str(platform.pki / "ca.crt"))
+    request = urllib.request.Request(f"{platform.info().server}{path}", data=body, method="POST" if body else "GET",
+                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_a_team_cannot_read_the_other_teams_secrets_state_or_identity_nor_the_operators(teams, kube_client, platform):
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    for team in TEAMS:
+        _wait(custom, teams[team]["namespace"], _ready, f"{team}'s Stack Ready")
+    operator_state = str(teams["host"].state_dir)
+    for team, other in (("alpha", "beta"), ("beta", "alpha")):
+        mine, theirs = teams[team], teams[other]
+        seen = _probe(core, mine["namespace"], [str(theirs["state"]), f"/state/../{theirs['namespace']}",
+                                                operator_state, str(STATE_ROOT)])
+        assert seen["uid"] == RUN_AS
+        # Its own passphrase and canary are there (the program needs them)...
+        assert mine["passphrase"] in seen["environ"] and mine["canary"] in seen["environ"]
+        # ...the other team's are nowhere in any process it can see, nor the operator's process.
+        assert theirs["passphrase"] not in seen["environ"] and theirs["canary"] not in seen["environ"]
+        # The operator is no process it can see (its argv has these flags); the agent is.
+        assert "--kubeconfig" not in seen["cmdlines"] and "--state-dir" not in seen["cmdlines"]
+        assert "strata_operator.agent" in seen["cmdlines"]
+        # Only its own state; the other team's volume, the host's state root and the operator's state
+        # directory do not exist in its filesystem.
+        assert seen["state"] and all(path is False for path in seen["paths"].values()), seen["paths"]
+        # Its token is its own ServiceAccount's, with no rights: not to its own Secrets, not to the other's.
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        token = seen["token"]
+        claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+        assert claims["sub"] == f"system:serviceaccount:{mine['namespace']}:app-workspace", claims["sub"]
+        assert _api(platform, token, "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                    json.dumps(review).encode()) == 201
+        assert _api(platform, token, f"/api/v1/namespaces/{theirs['namespace']}/secrets/pulumi") == 403
+        assert _api(platform, token, f"/api/v1/namespaces/{mine['namespace']}/secrets/pulumi") == 403
+
+
+def test_a_workspace_agent_refuses_anyone_without_its_own_token(teams, kube_client):
+    core = client.CoreV1Api(kube_client)
+    alpha, beta = teams["alpha"], teams["beta"]
+    beta_ip = core.read_namespaced_pod("app-workspace", beta["namespace"]).status.pod_ip
+    alpha_token = base64.b64decode(core.read_namespaced_secret("app-workspace-agent", alpha["namespace"]).data["token"])
+    context = ssl._create_unverified_context()  # noqa: S323 - what is refused is the caller, checked below
+    for headers in ({}, {"Authorization": f"Bearer {alpha_token.decode()}"}):
+        request = urllib.request.Request(f"https://{beta_ip}:{AGENT_PORT}/run", data=b"{}", method="POST",
+                                         headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, context=context, timeout=10)
+        assert refused.value.code == 401
+    # From inside alpha's pod too: the other team's agent is reachable on the network, and refuses.
+    out = _exec(core, alpha["namespace"], f"""
+import ssl, urllib.request, urllib.error
+try:
+    urllib.request.urlopen(urllib.request.Request("https://{beta_ip}:{AGENT_PORT}/run", data=b"{{}}", method="POST",
+        headers={{"Authorization": "Bearer " + open("/var/run/strata/agent/token").read()}}),
+        context=ssl._create_unverified_context(), timeout=10)
+    print("ANSWERED")
+except urllib.error.HTTPError as e:
+    print("STATUS", e.code)
+""")
+    assert "STATUS 401" in out, out
+
+
+def test_secret_values_never_pass_through_the_operator(teams, kube_client):
+    custom = client.CustomObjectsApi(kube_client)
+    for team in TEAMS:
+        _wait(custom, teams[team]["namespace"], _ready, f"{team}'s Stack Ready")
+    host = teams["host"]
+    texts = [host.log.read_text(errors="replace")]
+    texts += [p.read_text(errors="replace") for p in Path(host.state_dir).rglob("*") if p.is_file()]
+    for team in TEAMS:
+        for value in (teams[team]["passphrase"], teams[team]["canary"]):
+            assert not any(value in text for text in texts), f"{team}'s secret reached the operator"
+
+
+def _current_update(stack: dict) -> bool:
+    return bool((stack.get("status") or {}).get("currentUpdate"))
+
+
+def _make_slow(custom: client.CustomObjectsApi, namespace: str, team: str, marker: str) -> None:
+    """A new program revision with many resources: its update lasts long enough to interrupt."""
+    program = _program(team, STASH_COUNT)
+    program["outputs"]["marker"] = marker
+    custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", "app", {"program": program})
+
+
+def test_a_workspace_pod_deleted_mid_update_is_reported_and_the_stack_converges(teams, kube_client):
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = teams["alpha"]["namespace"]
+    _wait(custom, namespace, _ready, "alpha Ready")
+    marker = f"m-{uuid.uuid4().hex[:8]}"  # never a number to YAML
+    _make_slow(custom, namespace, "alpha", marker)
+    _wait(custom, namespace, _current_update, "the slow update running", timeout=120)
+    old = core.read_namespaced_pod("app-workspace", namespace).metadata.uid
+    core.delete_namespaced_pod("app-workspace", namespace, grace_period_seconds=0)
+    stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("marker") == marker,
+                  "alpha Ready with the new revision after its pod was deleted", timeout=300)
+    assert core.read_namespaced_pod("app-workspace", namespace).metadata.uid != old
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=app").items
+    interrupted = [e.message for e in events if "was deleted during the up" in (e.message or "")]
+    assert interrupted, [e.message for e in events]
+    assert stack["status"]["lastUpdate"]["state"] == "succeeded"
+    # No lock is left behind in the team's backend.
+    assert not list((teams["alpha"]["state"] / ".pulumi" / "locks").rglob("*.json"))
+
+
+def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_converges(teams, kube_client):
+    custom = client.CustomObjectsApi(kube_client)
+    namespace, host = teams["beta"]["namespace"], teams["host"]
+    _wait(custom, namespace, _ready, "beta Ready")
+    marker = f"m-{uuid.uuid4().hex[:8]}"  # never a number to YAML
+    _make_slow(custom, namespace, "beta", marker)
+    _wait(custom, namespace, _current_update, "the slow update running", timeout=120)
+    pid = host.pid()
+    for victim in [pid, *processes.descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    processes.wait_until(lambda: host.pid() is None, 10, "the operator gone after kill -9")
+    host.stop()  # forget its pid file
+    host.start()
+    stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("marker") == marker,
+                  "beta Ready with the new revision after the operator was killed", timeout=300)
+    assert stack["status"]["lastUpdate"]["state"] == "succeeded"
+    assert not list((teams["beta"]["state"] / ".pulumi" / "locks").rglob("*.json"))
