@@ -299,4 +299,7 @@ def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_converge
     stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("marker") == marker,
                   "beta Ready with the new revision after the operator was killed", timeout=300)
     assert stack["status"]["lastUpdate"]["state"] == "succeeded"
+    events = client.CoreV1Api(kube_client).list_namespaced_event(namespace, field_selector="involvedObject.name=app")
+    assert any("was interrupted (operator restart)" in (e.message or "") for e in events.items), \
+        [e.message for e in events.items]
     assert not list((teams["beta"]["state"] / ".pulumi" / "locks").rglob("*.json"))
