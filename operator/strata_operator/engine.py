@@ -75,6 +75,13 @@ class UpdateRequest:
     # For `recover`: the interrupted run's host and start time (seconds since the epoch).
     interrupted_host: str = ""
     interrupted_since: float = 0.0
+    # PKO v2's Update options (auto.pulumi.com): fail on any change (preview, up, refresh), go on past
+    # resource errors (up, destroy), resources to replace (preview, up), at most this many resource
+    # operations at once (0: the CLI's default).
+    expect_no_changes: bool = False
+    continue_on_error: bool = False
+    replace: tuple[str, ...] = ()
+    parallel: int = 0
 
     def to_json(self, operation: Operation) -> str:
         body = dataclasses.asdict(self)
