@@ -269,8 +269,6 @@ class AutoState:
 
 
 def _state(memo: kopf.Memo) -> AutoState:
-    if "auto" not in memo:
-        memo.auto = AutoState()
     return memo.auto
 
 
@@ -637,6 +635,13 @@ async def _write_outputs(ctx: Any, body: Any, result: UpdateResult) -> str | Non
 
 
 # --- Kopf wiring --------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+async def start_auto(memo: kopf.Memo, **_: Any) -> None:
+    """On the operator's own memo: each object's handlers get a shallow copy of it, so state set there
+    would be that object's alone."""
+    memo.auto = AutoState()
 
 
 @kopf.on.event(AUTO_GROUP, AUTO_VERSION, "workspaces")
