@@ -499,9 +499,10 @@ def _schedule_expiry(ctx: Any, state: AutoState, body: Any) -> None:
 
     async def expire() -> None:
         await asyncio.sleep(max(0.0, remaining))
-        if await ctx.kube.delete_custom(AUTO_GROUP, AUTO_VERSION, "updates", meta["namespace"], meta["name"],
-                                        uid=meta.get("uid", "")):
-            _event(body, "UpdateExpired", "ttl expired and was deleted")
+        # As PKO: the Event first, while the Update still exists, then the deletion.
+        _event(body, "UpdateExpired", "ttl expired and was deleted")
+        await ctx.kube.delete_custom(AUTO_GROUP, AUTO_VERSION, "updates", meta["namespace"], meta["name"],
+                                     uid=meta.get("uid", ""))
 
     state.expiring[key] = asyncio.create_task(expire())
 

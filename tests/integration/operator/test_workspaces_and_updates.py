@@ -172,7 +172,7 @@ def test_ttl_after_completed_deletes_the_update_and_its_outputs(auto, local_plat
     done = auto.complete(name)
     assert done["status"]["outputs"] == f"{name}-stack-outputs"
     processes.wait_until(lambda: auto.get("updates", name) is None, 30, "Update deleted after its ttl")
-    expired = processes.wait_until(lambda: auto.events("Update", name, "UpdateExpired"), 15, "UpdateExpired Event")
+    expired = processes.wait_until(lambda: auto.events("Update", name, "UpdateExpired"), 30, "UpdateExpired Event")
     assert expired[0].message == "ttl expired and was deleted"
 
     def secret_gone() -> bool:
