@@ -75,9 +75,14 @@ class UpdateRequest:
     # For `recover`: the interrupted run's host and start time (seconds since the epoch).
     interrupted_host: str = ""
     interrupted_since: float = 0.0
+    # PKO v2's Update options (auto.pulumi.com): fail on any change (preview, up, refresh), go on past
+    # resource errors (up, destroy), resources to replace (preview, up), at most this many resource
+    # operations at once (0: the CLI's default).
+    expect_no_changes: bool = False
+    continue_on_error: bool = False
+    replace: tuple[str, ...] = ()
+    parallel: int = 0
     # The pod executor's: where the workspace pod goes and what it runs as (the process executor ignores them).
-    namespace: str = ""
-    owner: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the Stack's ownerReference
     service_account: str = ""  # spec.serviceAccountName; empty: a per-Stack one with no rights
     workspace_template: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # spec.workspaceTemplate
     reclaim_workspace: bool = False  # spec.workspaceReclaimPolicy Delete: no pod kept between updates

@@ -279,7 +279,7 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
         secrets_provider=spec.secrets_provider, create=not spec.use_local_stack_only, refresh=spec.refresh,
         expect_no_refresh_changes=spec.expect_no_refresh_changes, targets=tuple(spec.targets),
         target_dependents=spec.target_dependents, environments=tuple(spec.environment), message=message,
-        run_program=spec.run_program, real_outputs=real_outputs, namespace=namespace,
+        run_program=spec.run_program, real_outputs=real_outputs,
         service_account=spec.service_account_name, workspace_template=spec.workspace_template or {},
         reclaim_workspace=spec.workspace_reclaim_policy == "Delete", mounted=resolved.mounted.to_json(),
         source_root=str(_source_root(project, run_dir)))

@@ -98,6 +98,31 @@ class Kube:
             if not _absent(err):
                 raise
 
+    async def patch_custom_status(self, group: str, version: str, plural: str, namespace: str, name: str,
+                                  status: dict[str, Any]) -> bool:
+        """Merge-patch the status of any namespaced custom object; False if it is gone."""
+        try:
+            await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status,
+                             group, version, namespace, plural, name, {"status": status})
+        except ApiException as err:
+            if _absent(err):
+                return False
+            raise
+        return True
+
+    async def delete_custom(self, group: str, version: str, plural: str, namespace: str, name: str,
+                            uid: str = "") -> bool:
+        """Delete a namespaced custom object (only this very one when `uid` is given); False if it is gone."""
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            await self._call(kubernetes.client.CustomObjectsApi(self.api).delete_namespaced_custom_object,
+                             group, version, namespace, plural, name, body=body)
+        except ApiException as err:
+            if _absent(err) or err.status == 409:  # 409: a newer object of the same name
+                return False
+            raise
+        return True
+
     async def annotate_stack(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         await self._call(kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object,
                          GROUP, VERSION, namespace, "stacks", name, {"metadata": {"annotations": annotations}})

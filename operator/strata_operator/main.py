@@ -120,6 +120,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     from . import handlers  # noqa: F401 - importing registers the Kopf handlers
+    from . import updates  # noqa: F401 - PKO v2's Workspace and Update (auto.pulumi.com)
     from . import leadership  # noqa: F401 - registered after handlers: its startup handler waits last
     from .handlers import OperatorSettings
     from .leadership import ElectionSettings, check_settings

@@ -216,6 +216,17 @@ def _selection(request: dict[str, Any]) -> tuple[list[str], list[str]]:
     return targets, (["--message", request["message"]] if request["message"] else [])
 
 
+def _update_options(request: dict[str, Any]) -> list[str]:
+    """The CLI arguments of PKO v2's Update options (absent from older requests)."""
+    args = ["--expect-no-changes"] if request.get("expect_no_changes") else []
+    if request.get("continue_on_error"):
+        args.append("--continue-on-error")
+    args += [arg for urn in request.get("replace") or () for arg in ("--replace", urn)]
+    if request.get("parallel"):
+        args += ["--parallel", str(request["parallel"])]
+    return args
+
+
 def _with_event_log(command: auto.PulumiCommand, args: list[str], workdir: str, env: dict[str, str] | None = None
                     ) -> tuple[auto.CommandResult, dict[str, dict[str, Any]] | None, dict[str, int]]:
     """Run the CLI with an event log: (result, root stack outputs or None, resource changes)."""
@@ -270,7 +281,8 @@ def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> d
         refresh = ["--refresh"]
     plan = ["--plan", request["plan_file"]] if request["plan_file"] else []
     result, outputs, summary = _with_event_log(command, ["up", "--yes", "--skip-preview", "--non-interactive",
-                                                         "--stack", name, *plan, *refresh, *targets, *message], workdir)
+                                                         "--stack", name, *plan, *refresh, *targets, *message,
+                                                         *_update_options(request)], workdir)
     if outputs is None:
         outputs = _cli_outputs(command, workdir, name)
     return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": outputs,
@@ -487,14 +499,22 @@ def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any
                                           *[arg for target in targets or () for arg in ("--target", target)]],
                                          workspace.work_dir, {"PULUMI_SKIP_CONFIRMATIONS": "false"})
         preview = stack.preview(target=targets, target_dependents=request["target_dependents"] or None,
-                                refresh=request["refresh"] or None, message=message)
+                                refresh=request["refresh"] or None, message=message,
+                                expect_no_changes=request.get("expect_no_changes") or None,
+                                replace=list(request.get("replace") or ()) or None,
+                                parallel=request.get("parallel") or None)
         stdout, summary = preview.stdout, {k.value if hasattr(k, "value") else str(k): v
                                            for k, v in (preview.change_summary or {}).items()}
     elif operation == "refresh":
-        refreshed = stack.refresh(target=targets, message=message)
+        refreshed = stack.refresh(target=targets, message=message,
+                                  expect_no_changes=request.get("expect_no_changes") or None,
+                                  parallel=request.get("parallel") or None,
+                                  run_program=request["run_program"] or None)
         stdout, summary = refreshed.stdout, dict(refreshed.summary.resource_changes or {})
     else:
-        destroyed = stack.destroy(target=targets, message=message, run_program=request["run_program"] or None)
+        destroyed = stack.destroy(target=targets, message=message, run_program=request["run_program"] or None,
+                                  continue_on_error=request.get("continue_on_error") or None,
+                                  parallel=request.get("parallel") or None)
         stdout, summary = destroyed.stdout, dict(destroyed.summary.resource_changes or {})
     return {"outcome": "succeeded", "permalink": _permalink(stdout), "summary": summary, "outputs": {},
             "engine_output": stdout}

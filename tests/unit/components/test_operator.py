@@ -31,6 +31,9 @@ def test_packaged_operator_rbac_is_least_privilege_rule_by_rule():
         ("pulumi.com", "stacks/status"): {"get", "patch", "update"},
         ("pulumi.com", "programs"): READ,
         ("pulumi.com", "programs/status"): {"get", "patch"},
+        # PKO v2's Workspace and Update; delete: only an Update, after its spec.ttlAfterCompleted.
+        ("auto.pulumi.com", "workspaces"): READ, ("auto.pulumi.com", "updates"): READ | {"delete"},
+        ("auto.pulumi.com", "workspaces/status"): {"get", "patch"}, ("auto.pulumi.com", "updates/status"): {"get", "patch"},
         ("source.toolkit.fluxcd.io", "gitrepositories"): READ,
         ("source.toolkit.fluxcd.io", "ocirepositories"): READ,
         ("source.toolkit.fluxcd.io", "buckets"): READ,
@@ -64,7 +67,10 @@ def test_operator_rbac_never_grants_wildcards_deletes_or_escalation():
     for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-            assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+            assert not {"deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+            if "delete" in rule["verbs"]:  # PKO's ttlAfterCompleted: a completed Update, and nothing else
+                assert (rule["apiGroups"], rule["resources"], rule["verbs"]) == (["auto.pulumi.com"], ["updates"],
+                                                                                 ["delete"])
             assert "rbac.authorization.k8s.io" not in rule["apiGroups"]
             # Secrets are read one by one (refs) and written by name (approval plans, spec.outputsSecret), never
             # listed or watched.
@@ -103,10 +109,11 @@ def test_operator_rbac_binds_only_the_given_service_account():
     assert not [o for o in objects if o["kind"] == "ServiceAccount"]
 
 
-def test_packaged_crds_define_pulumi_com_stack_and_program():
+def test_packaged_crds_define_pulumi_com_stack_and_program_and_auto_workspace_and_update():
     crds = load_packaged_manifests("crds")
-    assert {(c["spec"]["group"], c["spec"]["names"]["kind"]) for c in crds} == {("pulumi.com", "Stack"),
-                                                                                ("pulumi.com", "Program")}
+    assert {(c["spec"]["group"], c["spec"]["names"]["kind"]) for c in crds} == {
+        ("pulumi.com", "Stack"), ("pulumi.com", "Program"), ("auto.pulumi.com", "Workspace"),
+        ("auto.pulumi.com", "Update")}
 
 
 def test_deployment_is_hardened_with_probes_and_ports():
@@ -171,7 +178,7 @@ def test_in_cluster_operator_graph(harness):
     lease_role = harness.one("kubernetes:rbac.authorization.k8s.io/v1:Role")
     namespace = harness.one("kubernetes:core/v1:Namespace")
     service = harness.one("kubernetes:core/v1:Service")
-    assert len(crds) == 2
+    assert len(crds) == 4
     for child in [*crds, deployment, binding, lease_role, lease_binding, namespace, service]:
         assert child.parent == component.urn
     assert {c.urn for c in crds} <= set(deployment.dependencies)

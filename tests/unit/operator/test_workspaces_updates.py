@@ -1,0 +1,163 @@
+"""The pure parts of PKO v2's Workspace and Update: parsing, what does not apply, config paths, the
+Update's conditions, its ttl and its outputs Secret."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from strata_operator.engine import UpdateResult
+from strata_operator.redaction import REDACTOR
+from strata_operator.resolve import RefError
+from strata_operator.spec import SpecInvalid
+from strata_operator.updates import (aborted, failure_reason, finished, outputs_secret, parse_update, progressing,
+                                     set_conditions, ttl_remaining, workspace_key, workspace_ready)
+from strata_operator.workspaces import (FluxSource, GitSource, LocalSource, ProjectInfoSource, backend_in_pod_volume,
+                                        not_applicable, parse_config_path, parse_workspace, resolve_env,
+                                        stack_config)
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+def test_sources_parse_and_projectinfo_bypasses_fetching():
+    assert parse_workspace({"git": {"url": "u", "ref": "main", "dir": "d"}}).source == GitSource("u", "main", "d")
+    assert parse_workspace({"flux": {"url": "u", "digest": "sha256:x"}}).source == FluxSource("u", "sha256:x")
+    assert parse_workspace({"local": {"dir": "/p"}}).source == LocalSource("/p")
+    both = parse_workspace({"git": {"url": "u", "ref": "r"}, "projectInfo": {"name": "n", "runtime": "yaml"}})
+    assert both.source == ProjectInfoSource("n", "yaml")
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({}, "spec: no program source (fix: give one of spec.git, spec.flux or spec.local)"),
+    ({"git": {"url": "u", "ref": "r"}, "flux": {"url": "u", "digest": "d"}}, "spec.flux: several program sources"),
+    ({"git": {"url": "u"}}, "spec.git.ref: empty (fix: name a branch, tag or commit SHA)"),
+    ({"flux": {"url": "u"}}, "spec.flux.digest: empty"),
+    ({"local": {"dir": "rel"}}, "spec.local.dir: 'rel' is not an absolute path"),
+    ({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "k", "valueFrom": {"path": "/f"}}]}]},
+     "spec.stacks[0].config[0].valueFrom.path: '/f' is a file in PKO's workspace pod"),
+])
+def test_invalid_specs_name_the_field_and_the_fix(spec, words):
+    with pytest.raises(SpecInvalid) as err:
+        parse_workspace(spec)
+    assert words in str(err.value)
+
+
+def test_pod_fields_are_kept_for_a_pod_executor_and_named_as_not_applicable():
+    raw = {"local": {"dir": "/p"}, "image": "i", "resources": {"requests": {"cpu": 1}}, "securityProfile": "baseline",
+           "podTemplate": {"spec": {}}, "env": [{"name": "R", "valueFrom": {"resourceFieldRef": {"resource": "x"}}},
+                                                {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]}
+    spec = parse_workspace(raw)
+    assert spec.pod == {"image": "i", "resources": {"requests": {"cpu": 1}}, "podTemplate": {"spec": {}},
+                        "securityProfile": "baseline"}
+    assert not_applicable(raw) == ["spec.image", "spec.resources", "spec.podTemplate", "spec.securityProfile",
+                                   "spec.env[R].valueFrom.resourceFieldRef"]
+    # The schema's default profile is on every Workspace: not reported.
+    assert not_applicable({"securityProfile": "restricted", "serviceAccountName": "default"}) == []
+
+
+def test_env_from_secrets_and_configmaps_in_kubernetes_order():
+    secrets = {"s": {"PULUMI_CONFIG_PASSPHRASE": "pass-9d1f", "SHARED": "from-secret"}, "k": {"token": "tok-7a2c"}}
+    maps = {"c": {"SHARED": "from-map", "PLAIN": "p"}}
+
+    async def read_secret(ns, name):
+        return secrets.get(name)
+
+    async def read_map(ns, name):
+        return maps.get(name)
+
+    spec = parse_workspace({"local": {"dir": "/p"}, "serviceAccountName": "sa",
+                            "envFrom": [{"secretRef": {"name": "s"}}, {"configMapRef": {"name": "c"}, "prefix": ""},
+                                        {"secretRef": {"name": "gone", "optional": True}}],
+                            "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "k", "key": "token"}}},
+                                    {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                                    {"name": "LIT", "value": "v"}]})
+    env = asyncio.run(resolve_env(spec, "team", read_secret, read_map))
+    assert env.env == {"POD_NAMESPACE": "team", "POD_SA_NAME": "sa", "PULUMI_CONFIG_PASSPHRASE": "pass-9d1f",
+                       "SHARED": "from-map", "PLAIN": "p", "TOKEN": "tok-7a2c", "NS": "team", "LIT": "v"}
+    assert env.secret_env == {"PULUMI_CONFIG_PASSPHRASE", "TOKEN"}
+    assert REDACTOR.redact("tok-7a2c pass-9d1f") == "[secret] [secret]"
+    missing = parse_workspace({"local": {"dir": "/p"}, "env": [
+        {"name": "X", "valueFrom": {"secretKeyRef": {"name": "k", "key": "nope"}}}]})
+    with pytest.raises(RefError, match=r"spec.env\[X\].valueFrom.secretKeyRef: Secret 'k' has no key 'nope'"):
+        asyncio.run(resolve_env(missing, "team", read_secret, read_map))
+
+
+def test_stack_config_paths_env_and_secrets():
+    assert parse_config_path('data.nums[1]') == ["data", "nums", 1]
+    assert parse_config_path('aws:tags["a.b"]') == ["aws:tags", "a.b"]
+    spec = parse_workspace({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [
+        {"key": "kubernetes:namespace", "value": "default"},
+        {"key": "data.active", "path": True, "value": "true"},
+        {"key": "data.nums[0]", "path": True, "value": "1"}, {"key": "data.nums[1]", "path": True, "value": "2"},
+        {"key": "obj", "value": {"a": [1, 2]}},
+        {"key": "fromEnv", "valueFrom": {"env": "J", "json": True}},
+        {"key": "pw", "secret": True, "valueFrom": {"env": "PW"}}]}]})
+    config, secret = stack_config(spec.stack("dev"), {"J": '{"x": 1}', "PW": "pw-31c4"})
+    assert config == {"kubernetes:namespace": "default", "data": {"active": True, "nums": [1, 2]},
+                      "obj": {"a": [1, 2]}, "fromEnv": {"x": 1}}
+    assert secret == {"pw": "pw-31c4"}
+    with pytest.raises(RefError, match="missing value for environment variable: PW"):
+        stack_config(spec.stack("dev"), {"J": "{}"})
+
+
+def test_a_backend_on_a_pod_volume_is_named():
+    raw = {"podTemplate": {"spec": {"containers": [{"name": "pulumi", "volumeMounts": [{"name": "state",
+                                                                                        "mountPath": "/state"}]}]}}}
+    issue = backend_in_pod_volume(raw, {"PULUMI_BACKEND_URL": "file:///state/"})
+    assert issue is not None and "inside the volume 'state'" in str(issue)
+    assert backend_in_pod_volume(raw, {"PULUMI_BACKEND_URL": "file:///srv/state"}) is None
+
+
+def test_update_spec_and_its_invalid_fields():
+    spec = parse_update({"workspaceName": "ws", "stackName": "dev", "type": "up", "ttlAfterCompleted": "1m30s",
+                         "target": ["urn:a"], "continueOnError": True})
+    assert (spec.ttl_seconds, spec.target, spec.continue_on_error) == (90.0, ("urn:a",), True)
+    with pytest.raises(SpecInvalid) as err:
+        parse_update({"type": "deploy", "ttlAfterCompleted": "soon"})
+    assert err.value.fields == ["spec.type", "spec.workspaceName", "spec.stackName", "spec.ttlAfterCompleted"]
+
+
+def test_conditions_as_pko_writes_them():
+    started = set_conditions(None, progressing(), 1, NOW)
+    assert [(c["type"], c["status"], c["reason"]) for c in started] == [
+        ("Progressing", "True", "Progressing"), ("Failed", "False", "Progressing"), ("Complete", "False", "Progressing")]
+    later = NOW + timedelta(seconds=9)
+    done = set_conditions(started, finished(None), 1, later)
+    assert [(c["type"], c["status"], c["reason"]) for c in done] == [
+        ("Progressing", "False", "Complete"), ("Failed", "False", "UpdateSucceeded"), ("Complete", "True", "Updated")]
+    # lastTransitionTime moves only when the status flips (Failed stayed False).
+    assert done[1]["lastTransitionTime"] == started[1]["lastTransitionTime"] != done[2]["lastTransitionTime"]
+    assert [c["reason"] for c in set_conditions(None, aborted("Aborted"), 1, NOW)] == ["Failed", "Aborted", "Failed"]
+    assert failure_reason(UpdateResult("conflict")) == "UpdateConflict"
+    assert failure_reason(UpdateResult("failed", "boom")) == "Unknown"
+
+
+def test_ttl_counts_from_completion():
+    status = {"conditions": set_conditions(None, finished(None), 1, NOW)}
+    assert ttl_remaining(status, 60, NOW + timedelta(seconds=20)) == 40
+    assert ttl_remaining(status, None, NOW) is None
+    assert ttl_remaining({"conditions": set_conditions(None, progressing(), 1, NOW)}, 60, NOW) is None
+
+
+def test_outputs_secret_as_pko_writes_it():
+    secret, missing = outputs_secret("ns", "up-1", "uid-1", {"plain": ("a<b", False), "with space": (None, True),
+                                                             "gone": (None, True)},
+                                     {"plain": "a<b", "with space": {"k": 1}})
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data == {"plain": '"a\\u003cb"', "with_space": '{"k":1}'} and missing == ["gone"]
+    assert secret["immutable"] is True and secret["metadata"]["name"] == "up-1-stack-outputs"
+    assert json.loads(secret["metadata"]["annotations"]["pulumi.com/secrets"]) == ["with_space"]
+    assert secret["metadata"]["ownerReferences"] == [{"apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update",
+                                                      "name": "up-1", "uid": "uid-1"}]
+
+
+def test_workspace_readiness_and_engine_key():
+    ws = {"metadata": {"generation": 2}, "status": {"observedGeneration": 2, "conditions": [
+        {"type": "Ready", "status": "True"}]}}
+    assert workspace_ready(ws)
+    assert not workspace_ready({**ws, "status": {**ws["status"], "observedGeneration": 1}})
+    assert workspace_key("ns", "ws") == "ns/ws@workspace"
