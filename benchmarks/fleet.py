@@ -1,6 +1,7 @@
 """A fleet of Stacks on the real engine: time to all Ready, reconcile latency, memory, idle silence.
 
     .venv/bin/python benchmarks/fleet.py [--stacks 50] [--backends 1] [--idle 300] [--json benchmarks/results/fleet-50.json]
+    .venv/bin/python benchmarks/fleet.py --executor pod [--rounds 5] ...   # as root: a real node, a pod per Stack
 
 N Stacks of one small YAML Program (builtin Stash resources) are created at once, spread round-robin
 over --backends file:// backends. Reported: time until all are Ready, per-Stack create->Ready latency
@@ -12,7 +13,10 @@ or at least flat). The CPU is utime+stime of the operator process itself from /p
 workers and pulumi CLIs are children of its fork server, reaped there rather than by the operator, so
 their CPU is not in the operator's cutime/cstime and is not counted. With --json, the figures and the raw series (every latency, memory
 sampled every half second) go to that file for benchmarks/charts.py. The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
-children peaking at 1.25 GB, 0 runs idle.
+children peaking at 1.25 GB, 0 runs idle. With --executor pod the Stacks' updates run in workspace pods on one
+real node (their children are the pods' processes, not the operator's: the pods' own RSS is reported), and then
+--rounds updates of the same Stacks are timed under each executor, interleaved, against a second operator
+(process executor) on another namespace of the same platform.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections import Counter
 
 from pathlib import Path
@@ -29,7 +34,8 @@ from pathlib import Path
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from harness import GROUP, NAMESPACE, VERSION, is_ready, platform_with_operator, pss_tree_mb, rss_tree_mb, stash_program
+from harness import (GROUP, NAMESPACE, VERSION, is_ready, platform_with_operator, process_operator_beside, pss_tree_mb,
+                     rss_tree_mb, stash_program, workspace_agents)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -97,6 +103,50 @@ class StackWatch(threading.Thread):
         return [minutes.get(index, 0) for index in range(max(1, int((end - start) // 60)))]
 
 
+def timed_update(bench, name: str) -> float:
+    """Seconds from a spec change of a Ready Stack (one config value) to Ready with that generation applied."""
+    generation = bench.get_stack(name)["metadata"]["generation"] + 1
+    started = time.monotonic()
+    bench.custom.patch_namespaced_custom_object(GROUP, VERSION, bench.namespace, "stacks", name,
+                                                {"spec": {"config": {"bench:round": uuid.uuid4().hex}}})
+    while True:
+        last = (bench.get_stack(name).get("status") or {}).get("lastUpdate") or {}
+        if last.get("generation") == generation and last.get("state") in ("succeeded", "failed"):
+            if last["state"] != "succeeded":
+                raise RuntimeError(f"{name}: {last.get('message')}")
+            return time.monotonic() - started
+        time.sleep(0.1)
+
+
+def pod_executor_figures(bench, rounds: int, resources: int) -> dict:
+    """The workspace pods' memory, and the same updates timed under both executors, one after the other."""
+    agents = workspace_agents()
+    pod_mb = sorted(sum(rss_tree_mb(pid)) for pid in agents)
+    print(f"workspace pods: {len(agents)}, idle RSS per pod (agent and its fork server) median "
+          f"{percentile(pod_mb, 0.5):5.1f} MB, max {max(pod_mb, default=0):5.1f} MB, all {sum(pod_mb):7.1f} MB")
+    pod_stacks = sorted(s["metadata"]["name"] for s in bench.stacks())[:rounds]
+    with process_operator_beside(bench, "bench-process") as beside:
+        beside.create_program("fleet", stash_program(resources))
+        backend = beside.backend("overhead")
+        for name in pod_stacks:
+            beside.create_stack(name, "fleet", backend)
+        deadline = time.monotonic() + 300
+        while not all(is_ready(s) for s in beside.stacks()) or len(beside.stacks()) < len(pod_stacks):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the process executor's Stacks did not get Ready")
+            time.sleep(0.5)
+        timings = {"pod": [], "process": []}
+        for name in pod_stacks:  # interleaved, so that the machine's noise falls on both alike
+            timings["pod"].append(timed_update(bench, name))
+            timings["process"].append(timed_update(beside, name))
+    pod, process = percentile(timings["pod"], 0.5), percentile(timings["process"], 0.5)
+    print(f"one update, change to Ready, median of {len(pod_stacks)}: pod executor {pod:5.2f}s, process executor "
+          f"{process:5.2f}s: {pod - process:+5.2f}s per update with a warm workspace pod (goal: under +1 s)")
+    return {"workspace_pods": len(agents), "workspace_pod_idle_mb": [round(v, 1) for v in pod_mb],
+            "update_seconds": {k: [round(v, 2) for v in vs] for k, vs in timings.items()},
+            "pod_overhead_seconds": round(pod - process, 2)}
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
@@ -110,9 +160,13 @@ def main() -> None:
     parser.add_argument("--resources", type=int, default=3, help="Stash resources per program")
     parser.add_argument("--concurrency", type=int, help="the operator's --concurrency (default: its own)")
     parser.add_argument("--json", type=Path, help="write figures and series here (for benchmarks/charts.py)")
+    parser.add_argument("--executor", choices=("process", "pod"), default="process",
+                        help="pod: updates in a workspace pod per Stack on one real node (root, `make setup`'s Debian "
+                             "packages), then the per-update overhead against the process executor in the same run")
+    parser.add_argument("--rounds", type=int, default=5, help="--executor pod: updates timed per executor")
     args = parser.parse_args()
     operator_args = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
-    with platform_with_operator(operator_args) as bench:
+    with platform_with_operator(operator_args, executor=args.executor) as bench:
         bench.create_program("fleet", stash_program(args.resources))
         pid = bench.operator.pid()
         peak = {"operator": 0.0, "children": 0.0, "children_pss": 0.0}
@@ -194,10 +248,11 @@ def main() -> None:
         print(f"idle: operator CPU {idle_cpu:5.2f} s ({100 * idle_cpu / idle_seconds:.2f}% of a core), "
               f"operator RSS at the end {idle_operator_rss:6.1f} MB")
         print(f"idle: status writes per minute {status_per_minute}, other writes per minute {other_per_minute}")
+        pod_figures = pod_executor_figures(bench, args.rounds, args.resources) if args.executor == "pod" else {}
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({
-                **fill_figures, "peak_mb": {k: round(v, 1) for k, v in peak.items()},
+                **fill_figures, **pod_figures, "executor": args.executor, "peak_mb": {k: round(v, 1) for k, v in peak.items()},
                 "memory_mb": memory, "idle_complete": True, "idle_seconds": round(idle_seconds), "idle_engine_runs": len(new_runs),
                 "idle_stacks_with_new_last_update": len(changed),
                 "operator_cpu_idle_seconds": round(idle_cpu, 2), "operator_rss_end_of_idle_mb": round(idle_operator_rss, 1),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,8 @@ from typing import Any
 
 from kubernetes import client
 
+from strata_components.local import realnode
+from strata_components.local.images import ambient_python_host, build_operator_image, load_image
 from strata_components.local.kube import api_client
 from strata_components.local.processes import descendants
 from strata_components.local.operator_host import OperatorHost, operator_host
@@ -21,6 +24,7 @@ from strata_components.local.toolchain import installed
 GROUP, VERSION = "pulumi.com", "v1"
 PASSPHRASE = "benchmark-passphrase"
 NAMESPACE = "bench"
+WORKSPACE_USER = 65532  # the operator image's user, which writes the workspace's state volume
 
 
 def stash_program(count: int = 1) -> dict[str, Any]:
@@ -30,38 +34,54 @@ def stash_program(count: int = 1) -> dict[str, Any]:
             "outputs": {"first": "${note0.input}"}}
 
 
+# The pod executor's Stacks keep file:// state on a volume of their workspace pod (one claim per namespace).
+STATE_MOUNT = "/state"
+WORKSPACE_TEMPLATE = {"spec": {
+    # Small requests so that a fleet fits this 2-core node (the default, 100m, schedules 10 pods per core).
+    "resources": {"requests": {"cpu": "10m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+    "podTemplate": {"spec": {
+        "containers": [{"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": STATE_MOUNT}]}],
+        "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": "state"}}]}}}}
+
+
 @dataclasses.dataclass
 class Bench:
     platform: LocalPlatform
     operator: OperatorHost
     api: client.ApiClient
     scratch: Path
+    namespace: str = NAMESPACE
+    workspace_template: dict[str, Any] | None = None  # the pod executor's (None: the process executor)
 
     @property
     def custom(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api)
 
     def backend(self, name: str) -> str:
+        if self.workspace_template is not None:
+            return f"file://{STATE_MOUNT}/{name}"
         path = self.scratch / "backends" / name
         path.mkdir(parents=True, exist_ok=True)
         return path.as_uri()
 
     def create_program(self, name: str, program: dict[str, Any]) -> None:
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "programs", {
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "programs", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": name}, "program": program})
 
     def create_stack(self, name: str, program: str, backend: str) -> None:
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "stacks", {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name},
-            "spec": {"stack": name, "backend": backend, "programRef": {"name": program},
-                     "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {
-                         "type": "Secret", "secret": {"name": "pulumi", "key": "passphrase"}}}}})
+        spec = {"stack": name, "backend": backend, "programRef": {"name": program},
+                "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi",
+                                                                                       "key": "passphrase"}}}}
+        if self.workspace_template is not None:
+            spec["workspaceTemplate"] = self.workspace_template
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
 
     def stacks(self) -> list[dict[str, Any]]:
-        return self.custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "stacks")["items"]
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks")["items"]
 
     def get_stack(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "stacks", name)
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", name)
 
 
 def is_ready(stack: dict[str, Any]) -> bool:
@@ -88,25 +108,85 @@ def pss_tree_mb(pid: int) -> float:
     return sum(_memory_kb(child, "smaps_rollup", "Pss:") for child in descendants(pid)) / 1024
 
 
+def _team_namespace(api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"}, "data": {
+        "passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
+
+
+def _state_volume(api: client.ApiClient, namespace: str, directory: Path) -> None:
+    """The claim `state` bound to a directory of the node (a static PersistentVolume: no provisioner here)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chown(directory, WORKSPACE_USER, WORKSPACE_USER)
+    core = client.CoreV1Api(api)
+    core.create_persistent_volume({"metadata": {"name": f"{namespace}-state"}, "spec": {
+        "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+        "hostPath": {"path": str(directory), "type": "Directory"}, "claimRef": {"namespace": namespace, "name": "state"}}})
+    core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": "state"}, "spec": {
+        "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"{namespace}-state",
+        "resources": {"requests": {"storage": "1Gi"}}}})
+
+
+def workspace_agents() -> list[int]:
+    """Pids of the workspace agents running on this host (the real node's pods are host processes)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"strata_operator.agent" in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 @contextlib.contextmanager
 def platform_with_operator(operator_args: tuple[str, ...] = (),
-                           host_controllers: tuple[str, ...] = ()) -> Iterator[Bench]:
+                           host_controllers: tuple[str, ...] = (), executor: str = "process") -> Iterator[Bench]:
     """A scratch platform and the real operator; `host_controllers` names the Flux controllers to run
-    as host processes (none by default: the operator benchmarks need no Flux)."""
+    as host processes (none by default: the operator benchmarks need no Flux). With `executor` "pod":
+    one real node, the operator image loaded into it, and workspace pods there."""
     toolchain = installed()
     with tempfile.TemporaryDirectory(prefix="strata-bench-") as tmp:
         scratch = Path(tmp)
-        platform = LocalPlatform(PlatformConfig(state_dir=scratch / "platform", host_controllers=host_controllers),
-                                 toolchain=toolchain)
+        pods = executor == "pod"
+        platform = LocalPlatform(PlatformConfig(state_dir=scratch / "platform", host_controllers=host_controllers,
+                                                real_nodes=1 if pods else 0), toolchain=toolchain)
         try:
             platform.up(say=lambda _: None)
-            operator = operator_host(platform, toolchain, scratch / "operator", extra_args=operator_args)
+            executor_args: tuple[str, ...] = ()
+            if pods:
+                image = build_operator_image(toolchain, python_host=ambient_python_host(), say=lambda _: None)
+                load_image(image, realnode.load_node(realnode.node_dirs(platform.state)[0]).containerd_socket)
+                toleration = realnode.TOLERATION
+                executor_args = ("--executor", "pod", "--workspace-image", image.name,
+                                 "--workspace-image-pull-policy", "Never",
+                                 *(a for k, v in realnode.NODE_LABEL.items() for a in ("--workspace-node-selector", f"{k}={v}")),
+                                 "--workspace-toleration", f"{toleration['key']}={toleration['value']}:{toleration['effect']}",
+                                 "--no-leader-election", "--namespace", NAMESPACE)
+            operator = operator_host(platform, toolchain, scratch / "operator", executor=executor,
+                                     extra_args=(*executor_args, *operator_args))
             operator.start()
             with api_client(platform.kubeconfig_path) as api:
-                core = client.CoreV1Api(api)
-                core.create_namespace({"metadata": {"name": NAMESPACE}})
-                core.create_namespaced_secret(NAMESPACE, {"metadata": {"name": "pulumi"}, "data": {
-                    "passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
-                yield Bench(platform, operator, api, scratch)
+                _team_namespace(api, NAMESPACE)
+                if pods:
+                    _state_volume(api, NAMESPACE, scratch / "node-state" / NAMESPACE)
+                yield Bench(platform, operator, api, scratch, NAMESPACE, WORKSPACE_TEMPLATE if pods else None)
         finally:
             platform.down(say=lambda _: None)
+
+
+@contextlib.contextmanager
+def process_operator_beside(bench: Bench, namespace: str) -> Iterator[Bench]:
+    """A second operator, with the process executor, on `namespace` of the same platform: for side-by-side
+    figures in one run (both scoped to their namespaces, no leader election)."""
+    toolchain = installed()
+    operator = operator_host(bench.platform, toolchain, bench.scratch / f"operator-{namespace}",
+                             extra_args=("--no-leader-election", "--namespace", namespace))
+    _team_namespace(bench.api, namespace)
+    operator.start()
+    try:
+        yield Bench(bench.platform, operator, bench.api, bench.scratch, namespace, None)
+    finally:
+        operator.stop()

@@ -158,6 +158,11 @@ class PodEngine:
 
     async def _run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         REDACTOR.add(*request.secret_config.values())
+        if "@" in request.stack_key:
+            # updates.workspace_key: a PKO v2 Workspace object, whose program the operator materialises on its
+            # own host; it has no pod of its own here yet.
+            return UpdateResult("blocked", "auto.pulumi.com Workspaces and their Updates run only under the process "
+                                "executor for now; run this operator with --executor process, or use a Stack")
         lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
         async with lock, self._slots:
             started, started_at = time.monotonic(), time.time()
