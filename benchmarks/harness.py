@@ -183,7 +183,8 @@ def process_operator_beside(bench: Bench, namespace: str) -> Iterator[Bench]:
     figures in one run (both scoped to their namespaces, no leader election)."""
     toolchain = installed()
     operator = operator_host(bench.platform, toolchain, bench.scratch / f"operator-{namespace}",
-                             extra_args=("--no-leader-election", "--namespace", namespace))
+                             extra_args=("--no-leader-election", "--namespace", namespace),
+                             name=f"strata-operator-{namespace}")
     _team_namespace(bench.api, namespace)
     operator.start()
     try:

@@ -78,7 +78,8 @@ class OperatorHost:
 
 def operator_host(platform: LocalPlatform, toolchain: Toolchain, state_dir: Path, *,
                   extra_args: tuple[str, ...] = (), token_seconds: int = 6 * 3600, pulumi: Path | None = None,
-                  plugin_dirs: tuple[Path, ...] = (), executor: str = "process") -> OperatorHost:
+                  plugin_dirs: tuple[Path, ...] = (), executor: str = "process",
+                  name: str = PROCESS_NAME) -> OperatorHost:
     """Install the operator's API and describe its process (call .start()); state lives in `state_dir`.
 
     By default updates use the toolchain's CLI and YAML host; `pulumi` and `plugin_dirs` swap in an
@@ -94,6 +95,6 @@ def operator_host(platform: LocalPlatform, toolchain: Toolchain, state_dir: Path
               for arg in ("--plugin-dir", str(directory))],
             "--state-dir", str(state_dir / "state"),
             "--metrics-port", str(metrics_port), "--health-port", str(health_port), *extra_args]
-    process = processes.HostProcess(PROCESS_NAME, argv, env={"KUBECONFIG": str(kubeconfig)})
+    process = processes.HostProcess(name, argv, env={"KUBECONFIG": str(kubeconfig)})
     return OperatorHost(platform, process, health_url=f"http://127.0.0.1:{health_port}/healthz",
                         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", state_dir=state_dir / "state")

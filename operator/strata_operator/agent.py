@@ -29,7 +29,7 @@ from aiohttp import web
 
 from .engine import AutomationEngine, EngineSettings, UpdateRequest, UpdateResult
 from .redaction import install_log_redaction
-from .sources import SourceError, safe_extract
+from .archive import SourceError, safe_extract
 from .workspace import MountedRefs, RefUnavailable, resolve_in_workspace
 
 MAX_SOURCE_BYTES = 512 * 1024 * 1024

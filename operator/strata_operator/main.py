@@ -15,7 +15,7 @@ from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
 from .lease import DEFAULT_LEASE_NAME
 from .planning import DEFAULT_STALL_AFTER_FAILURES
 from .plugins import default_plugin_cache
-from .podengine import WorkspaceSettings
+from .podengine import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
 from .spec import MIN_RESYNC_SECONDS
 
 
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path,
                    default=Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator")),
                    help="where per-Stack workdirs and PULUMI_HOMEs live")
-    p.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="maximum concurrent updates (default: 10, or twice the CPU cores if fewer)")
+    p.add_argument("--concurrency", type=int, help="maximum concurrent updates (default: 10, or twice the CPU cores if "
+                   f"fewer; with --executor pod {DEFAULT_POD_CONCURRENCY}, since updates then run on the cluster's nodes)")
     p.add_argument("--update-timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, help="seconds per engine run")
     p.add_argument("--stall-after-failures", type=int, default=DEFAULT_STALL_AFTER_FAILURES,
                    help="consecutive failures after which a Stack is Stalled/UpdateFailed until it changes")
@@ -126,6 +127,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     from .leadership import ElectionSettings, check_settings
 
     args = build_parser().parse_args(argv)
+    if args.concurrency is None:
+        args.concurrency = DEFAULT_POD_CONCURRENCY if args.executor == "pod" else DEFAULT_CONCURRENCY
     if args.concurrency < 1:
         raise SystemExit("--concurrency must be at least 1")
     if args.min_resync_seconds < 1:

@@ -38,6 +38,8 @@ from .workspace import (AGENT_PORT, MountedRefs, WorkspaceCredentials, Workspace
                         restarted, spec_hash, workspace_name)
 
 POLL_SECONDS = 0.5
+# Updates run on the cluster's nodes, placed by its scheduler; the operator only waits on them.
+DEFAULT_POD_CONCURRENCY = 50
 CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=10)
 
 

@@ -17,11 +17,9 @@ import hashlib
 import http.client
 import json
 import os
-import posixpath
 import re
 import shlex
 import subprocess
-import tarfile
 import tempfile
 import time
 import urllib.error
@@ -34,29 +32,17 @@ import yaml
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from .archive import DEFAULT_MAX_MEMBERS, DEFAULT_MAX_UNPACKED_BYTES, SourceError, UnsafeArchive, resolves_inside, safe_extract
 from .redaction import REDACTOR, redact
 from .spec import SpecInvalid, parse_program
 
 DEFAULT_MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
-DEFAULT_MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
-DEFAULT_MAX_MEMBERS = 100_000
 DEFAULT_FETCH_TIMEOUT = 60.0
 DIGEST_ALGORITHMS = ("sha256", "sha384", "sha512")
 
 
-class SourceError(Exception):
-    """The source cannot be fetched now (reported as Stalled/SourceUnavailable); message is redacted."""
-
-    def __init__(self, message: str):
-        super().__init__(redact(message))
-
-
 class SourceNotReady(SourceError):
     """The source exists and its controller is still working on it: wait for it, nothing is stuck."""
-
-
-class UnsafeArchive(SourceError):
-    """The artifact would write outside its destination, or is larger than allowed."""
 
 
 # --- Program ----------------------------------------------------------------------------------
@@ -368,55 +354,10 @@ def download_artifact(artifact: FluxArtifact, dest_file: Path, max_bytes: int = 
         raise SourceError(f"artifact digest mismatch: expected {artifact.digest}, got {algorithm}:{hasher.hexdigest()}")
 
 
-def _inside(root: Path, candidate: str) -> bool:
-    resolved = os.path.realpath(os.path.join(root, candidate))
-    return resolved == str(root) or resolved.startswith(str(root) + os.sep)
-
-
-# Python's own extraction filter where it has one (3.11.4+; the operator image's Debian Python 3.11.2 has
-# not): a second line of defence behind the checks below, which alone decide.
-_TAR_FILTER = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
-
-
-def safe_extract(archive: Path, dest: Path, max_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
-                 max_members: int = DEFAULT_MAX_MEMBERS) -> None:
-    """Unpack a (gzipped) tarball into `dest`, refusing absolute or escaping paths, links that point
-    outside `dest`, device files, and archives that expand past `max_bytes` or `max_members`."""
-    dest.mkdir(parents=True, exist_ok=True)
-    root = Path(os.path.realpath(dest))
-    total = 0
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            for count, member in enumerate(tar, start=1):
-                if count > max_members:
-                    raise UnsafeArchive(f"archive has more than {max_members} entries")
-                name = member.name
-                if name.startswith("/") or ".." in Path(name).parts:
-                    raise UnsafeArchive(f"archive entry {name!r} escapes the destination")
-                if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-                    raise UnsafeArchive(f"archive entry {name!r} is a device or fifo")
-                # The parent must resolve inside root: an earlier symlink could point the write elsewhere.
-                if not _inside(root, posixpath.dirname(name) or "."):
-                    raise UnsafeArchive(f"archive entry {name!r} is written through a link outside the destination")
-                if member.issym():
-                    target = posixpath.join(posixpath.dirname(name), member.linkname)
-                    if member.linkname.startswith("/") or not _inside(root, target):
-                        raise UnsafeArchive(f"archive link {name!r} -> {member.linkname!r} points outside")
-                if member.islnk() and not _inside(root, member.linkname):
-                    raise UnsafeArchive(f"archive hard link {name!r} -> {member.linkname!r} points outside")
-                total += max(member.size, 0)
-                if total > max_bytes:
-                    raise UnsafeArchive(f"archive expands beyond the {max_bytes} byte limit")
-                member.mode = (member.mode or 0o644) & 0o755
-                tar.extract(member, root, set_attrs=member.isfile() or member.isdir(), **_TAR_FILTER)
-    except tarfile.TarError as err:
-        raise SourceError(f"artifact is not a readable tarball: {err}") from None
-
-
 def subdir(root: Path, relative: str, field: str) -> Path:
     """`relative` inside `root`, which must exist and hold Pulumi.yaml; SourceError naming `field` if not."""
     target = Path(os.path.realpath(root / relative)) if relative else root
-    if not _inside(Path(os.path.realpath(root)), str(target)):
+    if not resolves_inside(Path(os.path.realpath(root)), str(target)):
         raise SourceError(f"{field} {relative!r} leaves the source")
     if not (target / "Pulumi.yaml").is_file() and not (target / "Pulumi.yml").is_file():
         where = f"{field} {relative!r}" if relative else "the root of the source"

@@ -21,10 +21,6 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 CONTAINER = "pulumi"  # PKO's name: podTemplate containers of that name merge into it
 AGENT_PORT = 8443
@@ -165,6 +161,12 @@ class WorkspaceCredentials:
 
 def mint_credentials(server_name: str) -> WorkspaceCredentials:
     """A fresh token and a self-signed certificate for `server_name` (the operator pins it, no CA)."""
+    # Imported here: the agent, which imports this module in every workspace pod, never mints.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, server_name[:64])])
     now = datetime.datetime.now(datetime.timezone.utc)
