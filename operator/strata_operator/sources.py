@@ -32,7 +32,8 @@ import yaml
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from .archive import DEFAULT_MAX_MEMBERS, DEFAULT_MAX_UNPACKED_BYTES, SourceError, UnsafeArchive, resolves_inside, safe_extract
+from .archive import (DEFAULT_MAX_MEMBERS, DEFAULT_MAX_UNPACKED_BYTES, SourceError, UnsafeArchive, resolves_inside,
+                      safe_extract)
 from .redaction import REDACTOR, redact
 from .spec import SpecInvalid, parse_program
 
