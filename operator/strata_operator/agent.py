@@ -109,10 +109,26 @@ class Agent:
         if operation not in self.operations:
             raise web.HTTPBadRequest(text=f"unknown operation {operation!r}")
         update = UpdateRequest.from_json(body["request"])
-        project = self.sources / str(body.get("source", "")) / str(body.get("subdir", "."))
-        if not _DIGEST.match(str(body.get("source", ""))) or not project.is_dir() \
-                or not project.resolve().is_relative_to(self.sources.resolve()):
-            return web.json_response({"error": "source missing: upload it first"}, status=409)
+        if body.get("local_dir"):
+            # spec.workspaceTemplate.spec.local.dir: a directory of this pod (its image, or a volume).
+            project = Path(str(body["local_dir"]))
+            if not project.is_absolute() or not (project / "Pulumi.yaml").is_file() \
+                    and not (project / "Pulumi.yml").is_file():
+                failure = UpdateResult("blocked", f"spec.workspaceTemplate.spec.local.dir: {project} holds no Pulumi "
+                                                  "project (Pulumi.yaml) in the workspace pod; mount the program there "
+                                                  "(a volume through spec.workspaceTemplate.spec.podTemplate)")
+                return web.json_response({"result": json.loads(failure.to_json())})
+            # A copy to run in: the directory may be read-only (a ConfigMap volume, the image), and the
+            # update writes the stack's settings file beside Pulumi.yaml.
+            copy = self.workspace / "local"
+            shutil.rmtree(copy, ignore_errors=True)
+            await asyncio.to_thread(shutil.copytree, project, copy)
+            project = copy
+        else:
+            project = self.sources / str(body.get("source", "")) / str(body.get("subdir", "."))
+            if not _DIGEST.match(str(body.get("source", ""))) or not project.is_dir() \
+                    or not project.resolve().is_relative_to(self.sources.resolve()):
+                return web.json_response({"error": "source missing: upload it first"}, status=409)
         try:
             env, secret_config, secret_env = resolve_in_workspace(MountedRefs.from_json(update.mounted),
                                                                   os.environ, update.env)

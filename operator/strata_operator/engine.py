@@ -90,6 +90,7 @@ class UpdateRequest:
     # executor's requests carry their values in env and secret_config instead.
     mounted: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     source_root: str = ""  # the materialised source holding project_dir (sent whole to a workspace pod)
+    local_dir: str = ""  # the program is this directory of the workspace pod (nothing is uploaded)
 
     def to_json(self, operation: Operation) -> str:
         body = dataclasses.asdict(self)

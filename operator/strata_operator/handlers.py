@@ -41,7 +41,7 @@ from .sources import (SourceError, SourceNotReady, download_artifact, flux_artif
                       program_revision, program_status, project_info, safe_extract, subdir,
                       write_program_project)
 from .spec import (MIN_RESYNC_SECONDS, STALLED_SPEC_INVALID, WATCHED_FLUX_KINDS, SpecInvalid, StackSpec,
-                   misplaced_file_backend, not_applicable_fields, parse_stack_spec, unused_sources)
+                   local_source_issue, misplaced_file_backend, not_applicable_fields, parse_stack_spec, unused_sources)
 
 RETRY_REFS_SECONDS = 30.0
 HOST = socket.gethostname()
@@ -217,6 +217,9 @@ async def _source_revision(session: StackSession, spec: StackSpec, resolved: Res
         if program is None:
             raise SourceError(f"unable to retrieve program {spec.program_ref.name!r} for stack")
         return program_revision(program), program
+    if spec.source_kind == "local":
+        # In the workspace pod, unseen here: its revision is its path (PKO's resync re-runs it periodically).
+        return f"local:{spec.local_dir}", None
     if spec.source_kind == "flux" and spec.flux_source is not None:
         ref = spec.flux_source.source_ref
         try:
@@ -241,6 +244,9 @@ async def _source_revision(session: StackSession, spec: StackSpec, resolved: Res
 
 async def _materialise(spec: StackSpec, handle: Any, dest: Path, resolved: Resolved) -> Path:
     """Write the program at the planned revision into `dest`; returns the project directory."""
+    if spec.source_kind == "local":
+        dest.mkdir(parents=True, exist_ok=True)  # nothing to write: the program is in the workspace pod
+        return dest
     if spec.source_kind == "program":
         write_program_project(handle, dest)
         return dest
@@ -282,6 +288,7 @@ async def _request(ctx: Context, spec: StackSpec, namespace: str, name: str, pro
         run_program=spec.run_program, real_outputs=real_outputs,
         service_account=spec.service_account_name, workspace_template=spec.workspace_template or {},
         reclaim_workspace=spec.workspace_reclaim_policy == "Delete", mounted=resolved.mounted.to_json(),
+        local_dir=spec.local_dir if spec.source_kind == "local" else "",
         source_root=str(_source_root(project, run_dir)))
 
 
@@ -329,6 +336,10 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         spec = parse_stack_spec(dict(raw_spec), session.namespace)
     except SpecInvalid as err:
         await session.stall(err.reason, str(err), st.EVENT_CONFIG_INVALID)
+        return None
+    elsewhere = local_source_issue(spec, ctx.engine.in_workspace_pods)
+    if elsewhere is not None:
+        await session.stall(STALLED_SPEC_INVALID, str(elsewhere), st.EVENT_CONFIG_INVALID)
         return None
     inapplicable = not_applicable_fields(dict(raw_spec), ctx.engine.in_workspace_pods)
     unused = unused_sources(spec)

@@ -203,7 +203,8 @@ class PodEngine:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass  # the pod is gone: nothing runs to cancel
 
-    async def _operate(self, workspace: Workspace, operation: Operation, request: UpdateRequest) -> dict[str, Any]:
+    async def _upload(self, workspace: Workspace, request: UpdateRequest) -> dict[str, str]:
+        """The program's source in the pod (uploaded unless it has it): where the agent finds the project."""
         root = Path(request.source_root or request.project_dir)
         data, digest = await asyncio.to_thread(source_archive, root)
         session = self._session()
@@ -215,10 +216,14 @@ class PodEngine:
                                    **tls) as response:
                 if response.status >= 400:
                     raise WorkspaceError(f"the workspace refused the program's source: {await response.text()}")
-        body: dict[str, Any] = {
-            "operation": operation, "source": digest,
-            "subdir": Path(request.project_dir).relative_to(root).as_posix() if request.source_root else ".",
-            "request": json.loads(request.to_json(operation))}
+        return {"source": digest,
+                "subdir": Path(request.project_dir).relative_to(root).as_posix() if request.source_root else "."}
+
+    async def _operate(self, workspace: Workspace, operation: Operation, request: UpdateRequest) -> dict[str, Any]:
+        session = self._session()
+        tls = {"ssl": workspace.tls, "server_hostname": workspace.server_name, "headers": workspace.headers()}
+        where = {"local_dir": request.local_dir} if request.local_dir else await self._upload(workspace, request)
+        body: dict[str, Any] = {"operation": operation, **where, "request": json.loads(request.to_json(operation))}
         if request.plan_file and operation == "up" and Path(request.plan_file).is_file():
             body["plan"] = base64.b64encode(Path(request.plan_file).read_bytes()).decode()
         timeout = aiohttp.ClientTimeout(total=self.settings.timeout_seconds, sock_connect=10)

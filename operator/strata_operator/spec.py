@@ -34,7 +34,9 @@ _REPO_URL = re.compile(r"^(?:(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+)$
 # other kind with an artifact (HelmChart, ExternalArtifact, ...) is accepted too, and polled.
 WATCHED_FLUX_KINDS = ("GitRepository", "OCIRepository", "Bucket")
 # PKO's order when a Stack names several sources: the first present is used, the rest are ignored.
-SOURCE_ORDER = (("git", "projectRepo"), ("flux", "fluxSource"), ("program", "programRef"))
+SOURCE_ORDER = (("git", "projectRepo"), ("flux", "fluxSource"), ("program", "programRef"),
+                # PKO v2: a directory of the workspace pod (its image, or a volume), used when nothing else is named.
+                ("local", "workspaceTemplate.spec.local"))
 
 
 class _Model(BaseModel):
@@ -221,11 +223,17 @@ class StackSpec(_Model):
     def sources(self) -> list[str]:
         """The sources the spec names, in PKO's order of preference (git, Flux, Program)."""
         present = {"git": bool(self.project_repo), "flux": self.flux_source is not None,
-                   "program": self.program_ref is not None}
+                   "program": self.program_ref is not None, "local": bool(self.local_dir)}
         return [kind for kind, _ in SOURCE_ORDER if present[kind]]
 
     @property
-    def source_kind(self) -> Literal["git", "flux", "program"]:
+    def local_dir(self) -> str:
+        """spec.workspaceTemplate.spec.local.dir: the program's directory inside the workspace pod."""
+        local = ((self.workspace_template or {}).get("spec") or {}).get("local") or {}
+        return str(local.get("dir") or "") if isinstance(local, dict) else ""
+
+    @property
+    def source_kind(self) -> Literal["git", "flux", "program", "local"]:
         """The source used: the first in PKO's order (parse_stack_spec ensures there is one)."""
         return self.sources[0] if self.sources else "git"  # type: ignore[return-value]
 
@@ -365,9 +373,12 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
                                 "use <stack>, <org>/<stack> or <org>/<project>/<stack>"))
     git = bool(spec.project_repo)  # first in PKO's order: used whenever given
     if not spec.sources:
-        issues.append(SpecIssue("spec", "no program source: PKO v2 would run the program baked into the workspace "
-                                        "image (spec.workspaceTemplate), which Strata does not run",
-                                "set one of spec.projectRepo, spec.fluxSource, spec.programRef"))
+        issues.append(SpecIssue("spec", "no program source",
+                                "set one of spec.projectRepo, spec.fluxSource, spec.programRef, or (with the pod "
+                                "executor) spec.workspaceTemplate.spec.local.dir"))
+    if spec.local_dir and not spec.local_dir.startswith("/"):
+        issues.append(SpecIssue("spec.workspaceTemplate.spec.local.dir", f"{spec.local_dir!r} is not an absolute path",
+                                "name the program's directory in the workspace pod from its root, e.g. /program"))
     if not git:
         for name, value in (("commit", spec.commit), ("branch", spec.branch), ("repoDir", spec.repo_dir),
                             ("gitAuthSecret", spec.git_auth_secret)):
@@ -578,6 +589,17 @@ def misplaced_file_backend(spec: StackSpec, backend_url: str, in_workspace_pods:
                             "updates on its own host (--executor process), which has no such volume",
                      "use a backend the operator's host can reach (a file:// directory of its own, or a cloud "
                      "backend), or run the operator with --executor pod")
+
+
+def local_source_issue(spec: StackSpec, in_workspace_pods: bool) -> SpecIssue | None:
+    """A program in the workspace pod (spec.workspaceTemplate.spec.local.dir) needs the pod executor."""
+    if spec.source_kind != "local" or in_workspace_pods:
+        return None
+    return SpecIssue("spec.workspaceTemplate.spec.local.dir",
+                     f"the program is the directory {spec.local_dir!r} of a workspace pod, and this operator runs "
+                     "updates on its own host (--executor process)",
+                     "run the operator with --executor pod (the Operator component's executor: \"pod\"), or name "
+                     "spec.projectRepo, spec.fluxSource or spec.programRef")
 
 
 def unused_sources(spec: StackSpec) -> list[str]:

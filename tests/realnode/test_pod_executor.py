@@ -103,19 +103,20 @@ def teams(platform, toolchain, kube_client, operator_image, tmp_path_factory) ->
             subprocess.run(["rm", "-rf", str(team["state"])], check=False)
 
 
-def _stack(custom: client.CustomObjectsApi, namespace: str) -> dict:
-    return custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")
+def _stack(custom: client.CustomObjectsApi, namespace: str, name: str = "app") -> dict:
+    return custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", name)
 
 
 def _ready(stack: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in (stack.get("status") or {}).get("conditions") or [])
 
 
-def _wait(custom: client.CustomObjectsApi, namespace: str, check, what: str, timeout: float = 240) -> dict:
+def _wait(custom: client.CustomObjectsApi, namespace: str, check, what: str, timeout: float = 240,
+          name: str = "app") -> dict:
     last = {}
 
     def probe():
-        last["stack"] = _stack(custom, namespace)
+        last["stack"] = _stack(custom, namespace, name)
         return last["stack"] if check(last["stack"]) else None
 
     try:
@@ -303,3 +304,35 @@ def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_converge
     assert any("was interrupted (operator restart)" in (e.message or "") for e in events.items), \
         [e.message for e in events.items]
     assert not list((teams["beta"]["state"] / ".pulumi" / "locks").rglob("*.json"))
+
+
+LOCAL_PROJECT = """name: from-volume
+runtime: yaml
+resources:
+  greeting: {type: "pulumi:index:Stash", properties: {input: "from a volume"}}
+outputs:
+  greeting: ${greeting.input}
+"""
+
+
+def test_a_program_in_a_volume_of_the_workspace_pod_runs_from_local_dir(teams, kube_client):
+    """PKO v2's workspaceTemplate.spec.local.dir: the program is a directory of the pod (here a ConfigMap
+    volume, read-only), nothing is uploaded."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = teams["alpha"]["namespace"]
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "program"},
+                                                  "data": {"Pulumi.yaml": LOCAL_PROJECT}})
+    spec = _stack_spec()
+    del spec["programRef"]
+    spec["backend"] = "file:///state/from-volume"
+    workspace = spec["workspaceTemplate"]["spec"]
+    workspace["local"] = {"dir": "/program"}
+    workspace["podTemplate"]["spec"]["volumes"].append({"name": "program", "configMap": {"name": "program"}})
+    workspace["podTemplate"]["spec"]["containers"][0]["volumeMounts"].append({"name": "program",
+                                                                              "mountPath": "/program"})
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "from-volume"}, "spec": spec})
+    stack = _wait(custom, namespace, _ready, "the local.dir Stack Ready", name="from-volume")
+    assert stack["status"]["outputs"] == {"greeting": "from a volume"}
+    assert stack["status"]["lastUpdate"]["lastSuccessfulCommit"] == "local:/program"
+    assert "ignoredFields" not in stack["status"]

@@ -35,7 +35,9 @@ STATE_VOLUME = ("Stalled", "SpecInvalid",
 # PKO's e2e Stacks keep their state on a volume of PKO's workspace pod.
 EXPECTED: dict[tuple[str, str], tuple[str, str, str]] = {
     ("examples/custom-source/stack.yaml", "custom-source"):
-        ("Stalled", "SpecInvalid", "no program source: PKO v2 would run the program baked into the workspace image"),
+        # Its program is a directory of its workspace image: the pod executor's, not this (process) operator's.
+        ("Stalled", "SpecInvalid", "spec.workspaceTemplate.spec.local.dir: the program is the directory "
+                                   "'/home/pulumi/examples/stack-readme-py' of a workspace pod"),
     ("examples/flux-source/stack.yaml", "random-yaml-flux"): WAITING_FOR_API_SECRET,
     ("examples/git-source/stack.yaml", "random-yaml-git"): WAITING_FOR_API_SECRET,
     ("examples/preview-demo/stack.yaml", "nginx-current"): WAITING_FOR_API_SECRET,

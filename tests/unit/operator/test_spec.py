@@ -185,10 +185,10 @@ def test_several_sources_use_pkos_order_and_list_the_rest():
 
 def test_no_source_is_invalid_naming_the_fields_that_give_one():
     with pytest.raises(SpecInvalid) as caught:
-        parse_stack_spec({"stack": "dev", "workspaceTemplate": {"spec": {"local": {"dir": "/app"}}}}, "team")
+        parse_stack_spec({"stack": "dev", "workspaceTemplate": {"spec": {"image": "app:1"}}}, "team")
     assert caught.value.fields == ["spec"] and caught.value.reason == "SpecInvalid"
     assert "spec.projectRepo, spec.fluxSource, spec.programRef" in str(caught.value)
-    assert "workspaceTemplate" in str(caught.value)
+    assert "spec.workspaceTemplate.spec.local.dir" in str(caught.value)
 
 
 def test_pko_relaxations_are_accepted():

@@ -161,3 +161,19 @@ def test_executor_flags():
     with pytest.raises(SystemExit, match="KEY=VALUE:EFFECT"):
         workspace_settings(build_parser().parse_args(["--executor", "pod", "--workspace-image", "i",
                                                       "--workspace-toleration", "bad"]))
+
+
+def test_a_directory_of_the_workspace_pod_is_a_source_for_the_pod_executor_only():
+    from strata_operator.spec import SpecInvalid, local_source_issue
+
+    template = {"spec": {"local": {"dir": "/program"}}}
+    spec = parse_stack_spec({"stack": "dev", "workspaceTemplate": template}, "team")
+    assert spec.source_kind == "local" and spec.local_dir == "/program"
+    assert local_source_issue(spec, in_workspace_pods=True) is None
+    issue = local_source_issue(spec, in_workspace_pods=False)
+    assert issue.path == "spec.workspaceTemplate.spec.local.dir" and "--executor pod" in issue.fix
+    # Named sources come first (PKO's order), the local directory last.
+    with_program = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "workspaceTemplate": template}, "t")
+    assert with_program.source_kind == "program"
+    with pytest.raises(SpecInvalid, match=r"spec.workspaceTemplate.spec.local.dir: 'program' is not an absolute path"):
+        parse_stack_spec({"stack": "dev", "workspaceTemplate": {"spec": {"local": {"dir": "program"}}}}, "team")
