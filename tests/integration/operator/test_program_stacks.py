@@ -33,6 +33,7 @@ def test_program_stack_becomes_ready_with_outputs_and_masked_secrets(stacks, too
     assert not status.get("currentUpdate")
     assert [c["type"] for c in status["conditions"]] == ["Ready"]
     assert "finalizer.stack.pulumi.com" in obj["metadata"]["finalizers"]
+    stacks.wait_events("hello", "StackCreated")  # posted in the background, after the status
     assert {e.reason for e in stacks.events("hello")} >= {"StackUpdateDetected", "StackCreated"}
     assert PASSPHRASE not in str(obj) and "program-secret-9e1f" not in str(obj)
 
