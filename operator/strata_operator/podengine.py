@@ -304,7 +304,8 @@ class PodEngine:
         known = self._known.get(request.stack_key)
         if pod is not None and known is not None and pod["metadata"]["uid"] == known.uid and pod_ready(pod) \
                 and spec_hash(pod) == spec_hash(self._desired_pod(request, pod["metadata"]["ownerReferences"][0])):
-            known.restarts = restarted(pod)
+            # A restarted node can give the same pod a new address.
+            known.address, known.restarts = f"https://{pod['status']['podIP']}:{AGENT_PORT}", restarted(pod)
             return known
         owner = await self._owner(namespace, name)
         desired = self._desired_pod(request, owner)

@@ -26,7 +26,9 @@ from kubernetes import client
 from kubernetes.stream import stream
 
 from strata_components.local import processes, realnode
+from strata_components.local.kube import http_ok
 from strata_components.local.operator_host import operator_host
+from strata_components.local.platform import subprocess_ok
 from strata_operator.workspace import AGENT_PORT, CONTAINER, RUN_AS
 
 TEAMS = ("alpha", "beta")
@@ -304,6 +306,36 @@ def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_converge
     assert any("was interrupted (operator restart)" in (e.message or "") for e in events.items), \
         [e.message for e in events.items]
     assert not list((teams["beta"]["state"] / ".pulumi" / "locks").rglob("*.json"))
+
+
+def test_the_node_restarted_mid_update_is_reported_and_the_stack_converges(teams, kube_client, platform, node,
+                                                                           toolchain):
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = teams["alpha"]["namespace"]
+    _wait(custom, namespace, _ready, "alpha Ready")
+    marker = f"m-{uuid.uuid4().hex[:8]}"  # never a number to YAML
+    _make_slow(custom, namespace, "alpha", marker)
+    _wait(custom, namespace, _current_update, "the slow update running", timeout=120)
+    before = _interruptions(core, namespace)
+    # A reboot: the node's kubelet and containerd stop, everything in its pods dies, then both start again.
+    kubelet, containerd = realnode.kubelet_process(node, toolchain.bin("kubelet")), realnode.containerd_process(node)
+    platform.stop_controller(kubelet.name)
+    realnode.kill_containers(node)
+    platform.stop_controller(containerd.name)
+    platform.start_controller(containerd, timeout=90, ready=lambda: subprocess_ok(
+        ["ctr", "--address", str(node.containerd_socket), "version"]))
+    platform.start_controller(kubelet, timeout=90, ready=lambda: http_ok(f"http://127.0.0.1:{node.healthz_port}/healthz"))
+    stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("marker") == marker,
+                  "alpha Ready with the new revision after its node restarted", timeout=400)
+    assert stack["status"]["lastUpdate"]["state"] == "succeeded"
+    assert _interruptions(core, namespace) > before, [e.message for e in core.list_namespaced_event(namespace).items]
+    assert not list((teams["alpha"]["state"] / ".pulumi" / "locks").rglob("*.json"))
+
+
+def _interruptions(core: client.CoreV1Api, namespace: str) -> int:
+    """Occurrences of the Event that reports an update lost with its workspace pod."""
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=app").items
+    return sum(e.count or 1 for e in events if "during the up; it is run again" in (e.message or ""))
 
 
 LOCAL_PROJECT = """name: from-volume
