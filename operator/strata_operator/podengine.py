@@ -182,6 +182,11 @@ class PodEngine:
                     await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
                 return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
                                     duration=time.monotonic() - started)
+            except aiohttp.ClientConnectorError as err:
+                # Nothing ran: the pod does not answer (its node restarting, say). Retried with backoff.
+                self._known.pop(request.stack_key, None)
+                return UpdateResult("failed", redact(f"the workspace pod does not answer: {err}"),
+                                    reason=WORKSPACE_FAILED, duration=time.monotonic() - started)
             except aiohttp.ClientError as err:
                 return await self._lost(request, operation, workspace, err, started, started_at)
             except asyncio.CancelledError:
