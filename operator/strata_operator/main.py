@@ -12,6 +12,7 @@ from pathlib import Path
 from .flux_events import check_address
 from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings, EngineUnavailable
 from .lease import DEFAULT_LEASE_NAME
+from .memory import start_trimming
 from .planning import DEFAULT_STALL_AFTER_FAILURES
 from .plugins import default_plugin_cache
 from .spec import MIN_RESYNC_SECONDS
@@ -119,6 +120,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
         allow_operator_refs=not args.no_operator_refs,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address)
+    start_trimming()  # the free heap a burst of Stacks leaves goes back to the system
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
         liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election))
