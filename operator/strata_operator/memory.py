@@ -3,10 +3,11 @@
 Many Stacks at once (each one's first pass, the watch events, the API answers, all in flight together)
 leave glibc's heap holding tens of MB that are free but never returned: it gives back only the top of
 the heap, and a few live objects keep the rest in place. Measured at 200 Stacks: 37 of the operator's
-162 MB RSS were free heap, released by one `malloc_trim(0)`. A thread looks every CHECK_SECONDS at the
-process's RSS and trims when it grew by more than GROWTH_BYTES since the last look that trimmed and the
-allocator holds that much free, so an idle operator does nothing but read two numbers. Not glibc (musl,
-macOS): no thread.
+162 MB RSS were free heap, released by one `malloc_trim(0)`; at 1000, 56 MB of 190. A thread looks
+every CHECK_SECONDS and trims when the allocator holds more than FREE_BYTES free and the RSS moved by
+more than MOVED_BYTES since the last trim, so an idle operator does nothing but read two numbers (a
+trim does not make the free chunks go away, it gives back their pages: the free figure alone would
+trim an idle process forever). Not glibc (musl, macOS): no thread.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import os
 import threading
 
 CHECK_SECONDS = 30.0
-GROWTH_BYTES = 16 << 20
+FREE_BYTES = 16 << 20
+MOVED_BYTES = 4 << 20
 
 logger = logging.getLogger(__name__)
 
@@ -48,17 +50,15 @@ def free_heap_bytes(libc: ctypes.CDLL) -> int:
     return libc.mallinfo2().fordblks
 
 
-def trim_after_growth(libc: ctypes.CDLL, stop: threading.Event, every: float = CHECK_SECONDS,
-                      growth: int = GROWTH_BYTES) -> None:
-    floor = resident_bytes()
+def trim_when_free(libc: ctypes.CDLL, stop: threading.Event, every: float = CHECK_SECONDS,
+                   free: int = FREE_BYTES, moved: int = MOVED_BYTES) -> None:
+    trimmed_at: int | None = None  # the RSS right after the last trim
     while not stop.wait(every):
         now = resident_bytes()
-        if now - floor > growth and free_heap_bytes(libc) > growth:
+        if (trimmed_at is None or abs(now - trimmed_at) > moved) and free_heap_bytes(libc) > free:
             libc.malloc_trim(0)
-            after = resident_bytes()
-            logger.debug("returned free heap to the system: RSS %d MB -> %d MB", now >> 20, after >> 20)
-            now = after
-        floor = min(floor, now) if now - floor <= growth else now
+            trimmed_at = resident_bytes()
+            logger.debug("returned free heap to the system: RSS %d MB -> %d MB", now >> 20, trimmed_at >> 20)
 
 
 def start_trimming() -> threading.Event | None:
@@ -67,5 +67,5 @@ def start_trimming() -> threading.Event | None:
     if libc is None:
         return None
     stop = threading.Event()
-    threading.Thread(target=trim_after_growth, args=(libc, stop), name="heap-trim", daemon=True).start()
+    threading.Thread(target=trim_when_free, args=(libc, stop), name="heap-trim", daemon=True).start()
     return stop

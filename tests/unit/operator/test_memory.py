@@ -24,7 +24,7 @@ def _fragment(mb: int) -> list[bytearray]:
 
 def test_free_heap_left_by_a_burst_goes_back_to_the_system():
     stop = threading.Event()
-    thread = threading.Thread(target=memory.trim_after_growth, args=(libc, stop, 0.2, 16 << 20), daemon=True)
+    thread = threading.Thread(target=memory.trim_when_free, args=(libc, stop, 0.2), daemon=True)
     thread.start()
     try:
         before = memory.resident_bytes()
@@ -40,12 +40,22 @@ def test_free_heap_left_by_a_burst_goes_back_to_the_system():
         thread.join()
 
 
-def test_no_trim_without_growth(monkeypatch):
-    calls = []
-    monkeypatch.setattr(memory, "resident_bytes", lambda: 100 << 20)
+def test_an_idle_process_is_trimmed_once_however_much_free_heap_stays(monkeypatch):
+    """A trim leaves the free chunks (only their pages go), so the free figure stays high: what says
+    there is something to give back again is the RSS moving."""
+    calls, rss = [], [100 << 20]
+    monkeypatch.setattr(memory, "resident_bytes", lambda: rss[0])
     fake = type("Libc", (), {"malloc_trim": lambda self, pad: calls.append(pad),
                              "mallinfo2": lambda self: type("M", (), {"fordblks": 64 << 20})()})()
     stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
-    memory.trim_after_growth(fake, stop, every=0.05)
-    assert calls == []
+    thread = threading.Thread(target=memory.trim_when_free, args=(fake, stop, 0.02), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        assert calls == [0]
+        rss[0] += 8 << 20  # a burst: the RSS moved, the allocator holds free heap
+        time.sleep(0.3)
+        assert calls == [0, 0]
+    finally:
+        stop.set()
+        thread.join()
