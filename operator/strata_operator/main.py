@@ -81,6 +81,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     import kopf
 
     from . import handlers  # noqa: F401 - importing registers the Kopf handlers
+    from . import kopf_login  # noqa: F401 - Kopf's API session, with a bound on its connections
     from . import leadership  # noqa: F401 - registered after handlers: its startup handler waits last
     from .handlers import OperatorSettings
     from .leadership import ElectionSettings, check_settings
@@ -123,5 +124,6 @@ def run(argv: Sequence[str] | None = None) -> int:
     start_trimming()  # the free heap a burst of Stacks leaves goes back to the system
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
-        liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election))
+        liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election,
+                                                      watched_namespaces=len(args.namespace)))
     return 0
