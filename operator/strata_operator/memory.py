@@ -4,8 +4,8 @@ Many Stacks at once (each one's first pass, the watch events, the API answers, a
 leave glibc's heap holding tens of MB that are free but never returned: it gives back only the top of
 the heap, and a few live objects keep the rest in place. Measured at 200 Stacks before Kopf's
 connections were bounded (kopf_login.py): the RSS went from a 119.8 MB peak to 102.7 MB at the first
-trim; with a diagnostic dump running, 37 of 162 MB were free heap at 200 and 56 of 190 MB at 1000. A thread looks
-every CHECK_SECONDS and trims when the allocator holds more than FREE_BYTES free and the RSS moved by
+trim; with a diagnostic dump running, 37 of 162 MB were free heap at 200 and 56 of 190 MB at 1000.
+A thread looks every CHECK_SECONDS and trims when the allocator holds more than FREE_BYTES free and the RSS moved by
 more than MOVED_BYTES since the last trim, so an idle operator does nothing but read two numbers (a
 trim does not make the free chunks go away, it gives back their pages: the free figure alone would
 trim an idle process forever). Not glibc (musl, macOS): no thread.
