@@ -47,6 +47,13 @@ RETRY_REFS_SECONDS = 30.0
 HOST = socket.gethostname()
 
 
+def passes_in_flight(concurrency: int) -> int:
+    """How many Stacks' reconcile passes run at once: the engine's slots and three times as many more
+    (passes that need no run go through while updates queue). The rest wait before reading anything,
+    holding nothing for their pass."""
+    return max(32, 4 * concurrency)
+
+
 @dataclasses.dataclass
 class OperatorSettings:
     engine: EngineSettings = dataclasses.field(default_factory=EngineSettings)
@@ -108,6 +115,9 @@ class Context:
     engine: Engine
     settings: OperatorSettings
     registry: Registry = dataclasses.field(default_factory=Registry)
+    # Every Stack's daemon starts a pass as soon as the Stack exists: unbounded, 1000 new Stacks are 1000
+    # passes holding their spec, refs, Program and request for as long as the engine's queue takes.
+    passes: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(passes_in_flight(1)))
 
 
 def _now() -> datetime:
@@ -793,7 +803,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     kube = Kube.from_environment(options.kubeconfig)
     engine: Engine = (PodEngine(options.engine, options.workspace, kube) if options.workspace is not None
                       else AutomationEngine(options.engine))
-    memo.ctx = Context(kube=kube, engine=engine, settings=options)
+    memo.ctx = Context(kube=kube, engine=engine, settings=options,
+                       passes=asyncio.Semaphore(passes_in_flight(options.engine.concurrency)))
     options.engine.state_dir.mkdir(parents=True, exist_ok=True)
     try:
         await engine.start()  # so the first update does not wait for it
@@ -837,7 +848,10 @@ async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Me
         while not stopped:
             watched.wakeup.clear()
             try:
-                delay = await reconcile_stack(ctx, body, logger)
+                async with ctx.passes:
+                    if stopped:
+                        break
+                    delay = await reconcile_stack(ctx, body, logger)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - a bug or API outage must not kill the daemon

@@ -13,6 +13,7 @@ from pathlib import Path
 from .flux_events import check_address
 from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings, EngineUnavailable
 from .lease import DEFAULT_LEASE_NAME
+from .memory import start_trimming
 from .planning import DEFAULT_STALL_AFTER_FAILURES
 from .plugins import default_plugin_cache
 from .podengine import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
@@ -122,6 +123,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
     from . import handlers  # noqa: F401 - importing registers the Kopf handlers
     from . import updates  # noqa: F401 - PKO v2's Workspace and Update (auto.pulumi.com)
+    from . import kopf_login  # noqa: F401 - Kopf's API session, with a bound on its connections
     from . import leadership  # noqa: F401 - registered after handlers: its startup handler waits last
     from .handlers import OperatorSettings
     from .leadership import ElectionSettings, check_settings
@@ -165,7 +167,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         allow_operator_refs=not args.no_operator_refs,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
         workspace=workspace)
+    start_trimming()  # the free heap a burst of Stacks leaves goes back to the system
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
-        liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election))
+        liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election,
+                                                      watched_namespaces=len(args.namespace)))
     return 0

@@ -239,15 +239,15 @@ class PodEngine:
             return await response.json()
 
     async def _recover_lost_run(self, workspace: Workspace, request: UpdateRequest) -> None:
-        lost = self._interrupted.pop(request.stack_key, None)
+        lost = self._interrupted.get(request.stack_key)
         if lost is None:
             return
         host, since = lost
         recover = dataclasses.replace(request, interrupted_host=host, interrupted_since=since)
-        answer = await self._operate(workspace, "recover", recover)
+        answer = await self._operate(workspace, "recover", recover)  # raising, it stays to do next time
         if answer["result"].get("outcome") != "succeeded":
-            self._interrupted[request.stack_key] = lost
             raise WorkspaceError(f"clearing the lost run's lock failed: {answer['result'].get('message', '')}")
+        del self._interrupted[request.stack_key]
 
     async def _lost(self, request: UpdateRequest, operation: Operation, workspace: Workspace | None,
                     err: Exception, started: float, started_at: float) -> UpdateResult:

@@ -129,8 +129,10 @@ def _publish(stacks, name: str, url: str, digest: str) -> None:
                    "artifact": {"url": url, "digest": digest, "revision": "main@sha1:" + "c" * 40,
                                 "path": f"gitrepository/{stacks.namespace}/{name}/crafted.tar.gz",
                                 "lastUpdateTime": now}}})
-    stacks.create(name, stacks.spec(fluxSource={"sourceRef": {"apiVersion": "/".join(FLUX), "kind": "GitRepository",
-                                                              "name": name}}))
+    # A backend stack of its own: a refused artifact that ran anyway shows as its own case failing, not
+    # as the control Stack meeting its lock.
+    stacks.create(name, stacks.spec(stack=name, fluxSource={"sourceRef": {"apiVersion": "/".join(FLUX),
+                                                                          "kind": "GitRepository", "name": name}}))
 
 
 def _sha256(data: bytes) -> str:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,58 @@ def test_each_mode_fetches_with_the_right_credential_and_stalls_clearly_with_a_w
     for secret, encodings in forms.items():
         for where, text in everything.items():
             assert not any(form in text for form in encodings), f"{secret} leaked into the {where}"
+
+
+class EchoingServer(ThreadingHTTPServer):
+    """Refuses every request with 403 and a text/plain body quoting the credential it was sent, decoded,
+    as a misconfigured proxy might; git prints such a body as `remote:` lines, which the Stalled
+    message keeps."""
+
+    def __init__(self) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - stdlib name
+                sent = self.headers.get("Authorization", "").removeprefix("Basic ")
+                body = f"credentials {base64.b64decode(sent).decode(errors='replace')} refused\n".encode()
+                self.send_response(403)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_a_credential_a_server_echoes_back_is_masked_in_the_status_events_and_log(stacks, operator):
+    """Redaction, not only git's discretion: the credential comes back in git's own output (the server's
+    refusal, quoted), and every mode's value is masked wherever that output goes."""
+    server = EchoingServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/echo.git"
+        stacks.secret("echoed-token", {"value": TOKEN})
+        stacks.secret("echoed-basic", {"user": "alice", "value": PASSWORD})
+        for mode in SERVERS:
+            stacks.create(f"echoed-{mode}", stacks.spec(stack=f"echoed-{mode}", projectRepo=url, branch="main",
+                                                        gitAuth=_auth(mode, f"echoed-{mode}")))
+        messages = {}
+        # basicAuth's user name comes from the Secret too, so it is masked as well.
+        for mode, user in (("token", "git"), ("basic", "[secret]")):
+            stalled = stacks.wait_stalled(f"echoed-{mode}", "SourceUnavailable", 90)
+            messages[mode] = next(c for c in stalled["status"]["conditions"] if c["type"] == "Stalled")["message"]
+            # The server's words are there, with the credential masked in them.
+            assert f"remote: credentials {user}:[secret] refused" in messages[mode], messages[mode]
+            assert stacks.wait_events(f"echoed-{mode}", "StackGitAuthenticationFailure")
+    finally:
+        server.shutdown()
+    everything = "\n".join([
+        json.dumps([stacks.get(f"echoed-{mode}") for mode in SERVERS]),
+        json.dumps([e.to_dict() for e in stacks.core.list_namespaced_event(stacks.namespace).items], default=str),
+        operator.log_text()])
+    for secret in (TOKEN, PASSWORD):
+        assert secret not in everything, f"{secret} leaked"
 
 
 def test_an_ssh_key_fetches_when_authorized_and_a_wrong_key_stalls_clearly(stacks, operator, tmp_path):

@@ -27,3 +27,44 @@ def test_unrelated_annotations_do_not_wake():
     watched.seen = intent(_stack())
     registry.wake("ns", "s", _stack(annotations={"kubectl.kubernetes.io/last-applied-configuration": "{}"}))
     assert not watched.wakeup.is_set()
+
+
+def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
+    """Ten new Stacks, room for two passes: the others wait their turn, and each still gets its pass."""
+    import asyncio
+    import types
+
+    from strata_operator import handlers
+
+    running, peak, passes = [0], [0], []
+
+    class Stopped:
+        def __init__(self) -> None:
+            self.flag = False
+
+        def __bool__(self) -> bool:
+            return self.flag
+
+    async def reconcile(ctx, body, logger):
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        await asyncio.sleep(0.01)
+        running[0] -= 1
+        passes.append(body["name"])
+        body["stopped"].flag = True
+        return 0.0
+
+    monkeypatch.setattr(handlers, "reconcile_stack", reconcile)
+
+    async def fleet() -> None:
+        ctx = types.SimpleNamespace(registry=Registry(), passes=asyncio.Semaphore(2))
+        memo = types.SimpleNamespace(ctx=ctx)
+        daemons = []
+        for index in range(10):
+            stopped = Stopped()
+            daemons.append(handlers.stack_daemon(namespace="ns", name=f"s{index}", memo=memo, logger=None,
+                                                 body={"name": f"s{index}", "stopped": stopped}, stopped=stopped))
+        await asyncio.gather(*daemons)
+
+    asyncio.run(fleet())
+    assert peak[0] == 2 and sorted(passes) == sorted(f"s{index}" for index in range(10))
