@@ -222,6 +222,11 @@ class LocalPlatform:
                 f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
                 f"--config={tc.dir('kwok') / 'stages.yaml'}", f"--server-address=127.0.0.1:{ports['kwok']}",
                 "--cidr=10.244.0.0/16", "--node-ip=127.0.0.1",
+                # The stages heartbeat node status every 10 minutes and leave liveness to the node's Lease.
+                # Without Leases the controller-manager marked the node NotReady every ~55 s and, with it,
+                # every pod on it, for good (kwok readies a pod once): a Deployment created just before
+                # such a flap never became available.
+                "--node-lease-duration-seconds=40",
             ]), lambda: http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz")),
             (HostProcess("git-server", [
                 sys.executable, "-m", "strata_components.local.gitserver", f"--root={state / 'git'}",
