@@ -59,6 +59,10 @@ def stack_key(obj: Mapping[str, Any]) -> str:
     return where if kind == "Stack" else f"{kind.lower()} {where}"
 
 
+# The Stalled reasons the operator's finalizer writes (strata_operator.status): the destroy cannot go on.
+DESTROY_STALLS = frozenset({"DestroyBlocked", "NamespaceTerminating"})
+
+
 def stack_state(obj: Mapping[str, Any]) -> StackState:
     """The state an object shows, from its kstatus conditions (and deletionTimestamp)."""
     key = stack_key(obj)
@@ -68,9 +72,11 @@ def stack_state(obj: Mapping[str, Any]) -> StackState:
     for kind in ("Stalled", "Reconciling"):
         condition = conditions.get(kind)
         if condition and condition.get("status") == "True":
-            # Stalled since before its deletion: about the live Stack (say its Flux source was pruned
-            # first), not its destroy, which has yet to say how it goes.
-            stale = kind == "Stalled" and deleting and (condition.get("lastTransitionTime") or "") < deletion
+            # A deleting Stack's stall is about its destroy only when the finalizer wrote it (its reasons);
+            # any other (its Flux source pruned first, seen by a pass that began before the deletion,
+            # possibly written a moment after it) is about the live Stack: the destroy has yet to say how it goes.
+            stale = kind == "Stalled" and deleting and (condition.get("reason") not in DESTROY_STALLS
+                                                        or (condition.get("lastTransitionTime") or "") < deletion)
             state: State = "Deleting" if deleting and (kind == "Reconciling" or stale) else kind  # type: ignore
             return StackState(key, state, condition.get("reason", ""), condition.get("message", ""))
     if deleting:
