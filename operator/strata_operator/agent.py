@@ -23,11 +23,12 @@ import re
 import shutil
 import ssl
 import tempfile
+import typing
 from pathlib import Path
 
 from aiohttp import web
 
-from .engine import AutomationEngine, EngineSettings, UpdateRequest, UpdateResult
+from .engine import AutomationEngine, EngineSettings, Operation, UpdateRequest, UpdateResult
 from .redaction import install_log_redaction
 from .archive import SourceError, safe_extract
 from .workspace import MountedRefs, RefUnavailable, resolve_in_workspace
@@ -35,6 +36,7 @@ from .workspace import MountedRefs, RefUnavailable, resolve_in_workspace
 MAX_SOURCE_BYTES = 512 * 1024 * 1024
 KEEP_SOURCES = 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+OPERATIONS = frozenset(typing.get_args(Operation))
 log = logging.getLogger("strata_operator.agent")
 
 
@@ -43,9 +45,6 @@ class Agent:
         self.workspace, self.token, self.engine = workspace, token, engine
         self.sources = workspace / "sources"
         self.sources.mkdir(parents=True, exist_ok=True)
-        self.operations = {"preview": engine.preview, "up": engine.up, "refresh": engine.refresh,
-                           "destroy": engine.destroy, "outputs": engine.outputs, "remove": engine.remove_stack,
-                           "recover": engine.recover}
 
     @web.middleware
     async def authenticate(self, request: web.Request, handler):
@@ -106,7 +105,7 @@ class Agent:
     async def run(self, request: web.Request) -> web.Response:
         body = await request.json()
         operation = body.get("operation")
-        if operation not in self.operations:
+        if operation not in OPERATIONS:
             raise web.HTTPBadRequest(text=f"unknown operation {operation!r}")
         update = UpdateRequest.from_json(body["request"])
         if body.get("local_dir"):
@@ -145,7 +144,7 @@ class Agent:
         update = dataclasses.replace(
             update, project_dir=str(project), env=env, secret_config={**update.secret_config, **secret_config},
             secret_env=tuple(sorted({*update.secret_env, *secret_env})), plan_file=plan_file, mounted={})
-        result = await self.operations[operation](update)
+        result = await self.engine.run(operation, update)
         answer = {"result": json.loads(result.to_json())}
         if operation == "preview" and plan_file and Path(plan_file).is_file():
             answer["plan"] = base64.b64encode(Path(plan_file).read_bytes()).decode()

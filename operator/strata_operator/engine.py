@@ -243,45 +243,64 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
-class AutomationEngine:
-    """`Engine` on the Pulumi Automation API, one forked worker process per operation."""
+class SerializedEngine:
+    """What every executor shares: one operation per Stack at a time, at most `concurrency` at once, and
+    each `Engine` operation one `run` of its name (the executor's `_run_locked`)."""
 
     in_workspace_pods = False
 
-    def __init__(self, settings: EngineSettings):
-        self.settings = settings
-        self._slots = asyncio.Semaphore(settings.concurrency)
+    def __init__(self, concurrency: int):
+        self._slots = asyncio.Semaphore(concurrency)
         self._locks: dict[str, asyncio.Lock] = {}
-        self._running: dict[str, Worker] = {}
-        self._path = settings.search_path()
-        # Tuples with their event loop: pipes and locks belong to one (only tests run several loops).
-        self._forkserver: tuple[asyncio.AbstractEventLoop, asyncio.subprocess.Process, Path] | None = None
-        self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     def busy(self, stack_key: str) -> bool:
         lock = self._locks.get(stack_key)
         return lock is not None and lock.locked()
 
+    async def run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
+        REDACTOR.add(*request.secret_config.values())
+        lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
+        async with lock, self._slots:
+            return await self._run_locked(operation, request)
+
+    async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
+        raise NotImplementedError
+
     async def preview(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("preview", request)
+        return await self.run("preview", request)
 
     async def up(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("up", request)
+        return await self.run("up", request)
 
     async def refresh(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("refresh", request)
+        return await self.run("refresh", request)
 
     async def destroy(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("destroy", request)
+        return await self.run("destroy", request)
 
     async def outputs(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("outputs", request)
+        return await self.run("outputs", request)
 
     async def remove_stack(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("remove", request)
+        return await self.run("remove", request)
 
     async def recover(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("recover", request)
+        return await self.run("recover", request)
+
+
+class AutomationEngine(SerializedEngine):
+    """`Engine` on the Pulumi Automation API, one forked worker process per operation."""
+
+    in_workspace_pods = False
+
+    def __init__(self, settings: EngineSettings):
+        super().__init__(settings.concurrency)
+        self.settings = settings
+        self._running: dict[str, Worker] = {}
+        self._path = settings.search_path()
+        # Tuples with their event loop: pipes and locks belong to one (only tests run several loops).
+        self._forkserver: tuple[asyncio.AbstractEventLoop, asyncio.subprocess.Process, Path] | None = None
+        self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     async def cancel(self, stack_key: str) -> bool:
         worker = self._running.get(stack_key)
@@ -364,34 +383,31 @@ class AutomationEngine:
                 self._forkserver[1].kill()
         self._forkserver = None
 
-    async def _run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
-        REDACTOR.add(*request.secret_config.values())
-        lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
-        async with lock, self._slots:
-            started = time.monotonic()
-            try:
-                worker = await self._connect()
-            except EngineUnavailable as err:
-                return UpdateResult("failed", str(err), duration=time.monotonic() - started)
-            self._running[request.stack_key] = worker
-            payload = json.loads(request.to_json(operation))
-            payload["worker_env"] = self.worker_env(request)
-            payload["plugin_cache"] = str(self.settings.plugin_cache)
-            payload["plugin_dirs"] = list(self.settings.plugin_dirs)
-            try:
-                stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
-                                                timeout=self.settings.timeout_seconds)
-            except asyncio.TimeoutError:
-                await worker.interrupt()
-                return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
-                                    duration=time.monotonic() - started)
-            except asyncio.CancelledError:
-                # The operator is stopping or the Stack was deleted: let the CLI cancel cleanly.
-                await asyncio.shield(worker.interrupt())
-                raise
-            finally:
-                self._running.pop(request.stack_key, None)
-            return _parse_worker_output(operation, stdout, worker.interrupted, time.monotonic() - started)
+    async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
+        started = time.monotonic()
+        try:
+            worker = await self._connect()
+        except EngineUnavailable as err:
+            return UpdateResult("failed", str(err), duration=time.monotonic() - started)
+        self._running[request.stack_key] = worker
+        payload = json.loads(request.to_json(operation))
+        payload["worker_env"] = self.worker_env(request)
+        payload["plugin_cache"] = str(self.settings.plugin_cache)
+        payload["plugin_dirs"] = list(self.settings.plugin_dirs)
+        try:
+            stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
+                                            timeout=self.settings.timeout_seconds)
+        except asyncio.TimeoutError:
+            await worker.interrupt()
+            return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
+                                duration=time.monotonic() - started)
+        except asyncio.CancelledError:
+            # The operator is stopping or the Stack was deleted: let the CLI cancel cleanly.
+            await asyncio.shield(worker.interrupt())
+            raise
+        finally:
+            self._running.pop(request.stack_key, None)
+        return _parse_worker_output(operation, stdout, worker.interrupted, time.monotonic() - started)
 
 
 @dataclasses.dataclass

@@ -61,6 +61,15 @@ class Kube:
         response.read()
         return self.api.response_deserialize(response, {"2XX": "object"}).data
 
+    async def _core_get(self, path: str) -> dict | None:
+        """A core (v1) object, or None if there is none."""
+        try:
+            return await self._call(self._core, "GET", path)
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
+
     async def _call(self, fn, *args, **kwargs) -> Any:
         if self.executor is None:
             return await asyncio.to_thread(fn, *args, **kwargs)
@@ -199,12 +208,7 @@ class Kube:
 
     async def get_secret(self, namespace: str, name: str) -> dict | None:
         """The whole Secret as a dict (metadata, type, base64 data), or None if there is none."""
-        try:
-            return await self._call(self._core, "GET", f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
-        except ApiException as err:
-            if _absent(err):
-                return None
-            raise
+        return await self._core_get(f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}")
 
     async def create_secret(self, namespace: str, body: dict) -> None:
         await self._call(self._core, "POST", f"/api/v1/namespaces/{quote(namespace)}/secrets", body)
@@ -214,13 +218,8 @@ class Kube:
         await self._call(self._core, "PUT", f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}", body)
 
     async def configmap_data(self, namespace: str, name: str) -> dict[str, str] | None:
-        try:
-            cm = await self._call(self._core, "GET", f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}")
-        except ApiException as err:
-            if _absent(err):
-                return None
-            raise
-        return dict(cm.get("data") or {})
+        cm = await self._core_get(f"/api/v1/namespaces/{quote(namespace)}/configmaps/{quote(name)}")
+        return None if cm is None else dict(cm.get("data") or {})
 
     async def service_account_kubeconfig(self, namespace: str, name: str,
                                          seconds: int = 3600) -> tuple[str, str] | None:
@@ -253,12 +252,7 @@ class Kube:
 
     # Workspace pods (the pod executor): the pod, its agent Secret and its default ServiceAccount.
     async def get_pod(self, namespace: str, name: str) -> dict | None:
-        try:
-            return await self._call(self._core, "GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
-        except ApiException as err:
-            if _absent(err):
-                return None
-            raise
+        return await self._core_get(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
 
     async def create_pod(self, namespace: str, body: dict) -> dict:
         return await self._call(self._core, "POST", f"/api/v1/namespaces/{quote(namespace)}/pods", body)

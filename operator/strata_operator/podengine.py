@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from . import GROUP, VERSION
-from .engine import EngineSettings, Operation, UpdateRequest, UpdateResult
+from .engine import EngineSettings, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from .kube import Kube
 from .redaction import REDACTOR, redact
 from .status import UPDATE_INTERRUPTED, WORKSPACE_FAILED
@@ -69,8 +69,10 @@ class Workspace:
     token: str = dataclasses.field(repr=False)
     restarts: int = 0
 
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
+    def options(self) -> dict[str, Any]:
+        """Every request's: the pinned certificate, the name it is for, the token."""
+        return {"ssl": self.tls, "server_hostname": self.server_name,
+                "headers": {"Authorization": f"Bearer {self.token}"}}
 
 
 def source_archive(root: Path) -> tuple[bytes, str]:
@@ -93,15 +95,14 @@ def source_archive(root: Path) -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()
 
 
-class PodEngine:
+class PodEngine(SerializedEngine):
     """`Engine` on workspace pods, one per Stack, driven over HTTPS with a per-workspace token."""
 
     in_workspace_pods = True
 
     def __init__(self, settings: EngineSettings, workspace: WorkspaceSettings, kube: Kube):
+        super().__init__(settings.concurrency)
         self.settings, self.workspace, self.kube = settings, workspace, kube
-        self._slots = asyncio.Semaphore(settings.concurrency)
-        self._locks: dict[str, asyncio.Lock] = {}
         self._running: dict[str, Workspace] = {}
         self._known: dict[str, Workspace] = {}
         # Stacks whose last run died with its pod: (the pod's hostname, when that run started).
@@ -111,32 +112,10 @@ class PodEngine:
     async def start(self) -> None:
         """Nothing to start ahead: each Stack's pod starts with its first operation."""
 
-    def busy(self, stack_key: str) -> bool:
-        lock = self._locks.get(stack_key)
-        return lock is not None and lock.locked()
-
-    async def preview(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("preview", request)
-
-    async def up(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("up", request)
-
-    async def refresh(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("refresh", request)
-
-    async def destroy(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("destroy", request)
-
-    async def outputs(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("outputs", request)
-
-    async def remove_stack(self, request: UpdateRequest) -> UpdateResult:
-        return await self._run("remove", request)
-
     async def recover(self, request: UpdateRequest) -> UpdateResult:
         # The interrupted run took its lock under the pod's hostname, not the operator's.
         _, name = request.stack_key.split("/", 1)
-        return await self._run("recover", dataclasses.replace(request, interrupted_host=workspace_name(name)))
+        return await self.run("recover", dataclasses.replace(request, interrupted_host=workspace_name(name)))
 
     async def cancel(self, stack_key: str) -> bool:
         workspace = self._running.get(stack_key)
@@ -152,55 +131,51 @@ class PodEngine:
         return self._http[1]
 
     async def _control(self, workspace: Workspace, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        async with self._session().post(f"{workspace.address}{path}", json=body, headers=workspace.headers(),
-                                        ssl=workspace.tls, server_hostname=workspace.server_name,
-                                        timeout=CONTROL_TIMEOUT) as response:
+        async with self._session().post(f"{workspace.address}{path}", json=body, timeout=CONTROL_TIMEOUT,
+                                        **workspace.options()) as response:
             response.raise_for_status()
             return await response.json()
 
-    async def _run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
-        REDACTOR.add(*request.secret_config.values())
+    async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         if "@" in request.stack_key:
             # updates.workspace_key: a PKO v2 Workspace object, whose program the operator materialises on its
             # own host; it has no pod of its own here yet.
             return UpdateResult("blocked", "auto.pulumi.com Workspaces and their Updates run only under the process "
                                 "executor for now; run this operator with --executor process, or use a Stack")
-        lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
-        async with lock, self._slots:
-            started, started_at = time.monotonic(), time.time()
-            workspace: Workspace | None = None
-            try:
-                workspace = await self._workspace(request)
-                self._running[request.stack_key] = workspace
-                await self._recover_lost_run(workspace, request)
-                answer = await self._operate(workspace, operation, request)
-            except WorkspaceError as err:
-                return UpdateResult("failed", redact(str(err)), reason=WORKSPACE_FAILED,
-                                    duration=time.monotonic() - started)
-            except asyncio.TimeoutError:
-                if workspace is not None:
-                    await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
-                return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
-                                    duration=time.monotonic() - started)
-            except aiohttp.ClientConnectorError as err:
-                # Nothing ran: the pod does not answer (its node restarting, say). Retried with backoff.
-                self._known.pop(request.stack_key, None)
-                return UpdateResult("failed", redact(f"the workspace pod does not answer: {err}"),
-                                    reason=WORKSPACE_FAILED, duration=time.monotonic() - started)
-            except aiohttp.ClientError as err:
-                return await self._lost(request, operation, workspace, err, started, started_at)
-            except asyncio.CancelledError:
-                if workspace is not None:
-                    await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
-                raise
-            finally:
-                self._running.pop(request.stack_key, None)
-            result = UpdateResult.from_json(json.dumps(answer["result"]), time.monotonic() - started)
-            if operation == "preview" and request.plan_file and answer.get("plan"):
-                Path(request.plan_file).write_bytes(base64.b64decode(answer["plan"]))
-            if operation == "up" and result.ok and request.reclaim_workspace:
-                await self._reclaim(request)
-            return result
+        started, started_at = time.monotonic(), time.time()
+        workspace: Workspace | None = None
+        try:
+            workspace = await self._workspace(request)
+            self._running[request.stack_key] = workspace
+            await self._recover_lost_run(workspace, request)
+            answer = await self._operate(workspace, operation, request)
+        except WorkspaceError as err:
+            return UpdateResult("failed", redact(str(err)), reason=WORKSPACE_FAILED,
+                                duration=time.monotonic() - started)
+        except asyncio.TimeoutError:
+            if workspace is not None:
+                await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
+            return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
+                                duration=time.monotonic() - started)
+        except aiohttp.ClientConnectorError as err:
+            # Nothing ran: the pod does not answer (its node restarting, say). Retried with backoff.
+            self._known.pop(request.stack_key, None)
+            return UpdateResult("failed", redact(f"the workspace pod does not answer: {err}"),
+                                reason=WORKSPACE_FAILED, duration=time.monotonic() - started)
+        except aiohttp.ClientError as err:
+            return await self._lost(request, operation, workspace, err, started, started_at)
+        except asyncio.CancelledError:
+            if workspace is not None:
+                await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
+            raise
+        finally:
+            self._running.pop(request.stack_key, None)
+        result = UpdateResult.from_json(json.dumps(answer["result"]), time.monotonic() - started)
+        if operation == "preview" and request.plan_file and answer.get("plan"):
+            Path(request.plan_file).write_bytes(base64.b64decode(answer["plan"]))
+        if operation == "up" and result.ok and request.reclaim_workspace:
+            await self._reclaim(request)
+        return result
 
     async def _cancel_quietly(self, workspace: Workspace, stack_key: str) -> None:
         try:
@@ -213,7 +188,7 @@ class PodEngine:
         root = Path(request.source_root or request.project_dir)
         data, digest = await asyncio.to_thread(source_archive, root)
         session = self._session()
-        tls = {"ssl": workspace.tls, "server_hostname": workspace.server_name, "headers": workspace.headers()}
+        tls = workspace.options()
         async with session.head(f"{workspace.address}/sources/{digest}", timeout=CONTROL_TIMEOUT, **tls) as response:
             present = response.status == 200
         if not present:
@@ -226,7 +201,7 @@ class PodEngine:
 
     async def _operate(self, workspace: Workspace, operation: Operation, request: UpdateRequest) -> dict[str, Any]:
         session = self._session()
-        tls = {"ssl": workspace.tls, "server_hostname": workspace.server_name, "headers": workspace.headers()}
+        tls = workspace.options()
         where = {"local_dir": request.local_dir} if request.local_dir else await self._upload(workspace, request)
         body: dict[str, Any] = {"operation": operation, **where, "request": json.loads(request.to_json(operation))}
         if request.plan_file and operation == "up" and Path(request.plan_file).is_file():

@@ -258,20 +258,22 @@ def _current_update(stack: dict) -> bool:
     return bool((stack.get("status") or {}).get("currentUpdate"))
 
 
-def _make_slow(custom: client.CustomObjectsApi, namespace: str, team: str, marker: str) -> None:
-    """A new program revision with many resources: its update lasts long enough to interrupt."""
+def _start_slow_update(custom: client.CustomObjectsApi, namespace: str, team: str) -> str:
+    """From Ready, a new program revision with many resources, whose update lasts long enough to interrupt;
+    returns once it runs, with the marker output it will have."""
+    _wait(custom, namespace, _ready, f"{team} Ready")
+    marker = f"m-{uuid.uuid4().hex[:8]}"  # never a number to YAML
     program = _program(team, STASH_COUNT)
     program["outputs"]["marker"] = marker
     custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", "app", {"program": program})
+    _wait(custom, namespace, _current_update, "the slow update running", timeout=120)
+    return marker
 
 
 def test_a_workspace_pod_deleted_mid_update_is_reported_and_the_stack_converges(teams, kube_client):
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
     namespace = teams["alpha"]["namespace"]
-    _wait(custom, namespace, _ready, "alpha Ready")
-    marker = f"m-{uuid.uuid4().hex[:8]}"  # never a number to YAML
-    _make_slow(custom, namespace, "alpha", marker)
-    _wait(custom, namespace, _current_update, "the slow update running", timeout=120)
+    marker = _start_slow_update(custom, namespace, "alpha")
     old = core.read_namespaced_pod("app-workspace", namespace).metadata.uid
     core.delete_namespaced_pod("app-workspace", namespace, grace_period_seconds=0)
     stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("marker") == marker,
@@ -288,10 +290,7 @@ def test_a_workspace_pod_deleted_mid_update_is_reported_and_the_stack_converges(
 def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_converges(teams, kube_client):
     custom = client.CustomObjectsApi(kube_client)
     namespace, host = teams["beta"]["namespace"], teams["host"]
-    _wait(custom, namespace, _ready, "beta Ready")
-    marker = f"m-{uuid.uuid4().hex[:8]}"  # never a number to YAML
-    _make_slow(custom, namespace, "beta", marker)
-    _wait(custom, namespace, _current_update, "the slow update running", timeout=120)
+    marker = _start_slow_update(custom, namespace, "beta")
     pid = host.pid()
     for victim in [pid, *processes.descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
@@ -312,10 +311,7 @@ def test_the_node_restarted_mid_update_is_reported_and_the_stack_converges(teams
                                                                            toolchain):
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
     namespace = teams["alpha"]["namespace"]
-    _wait(custom, namespace, _ready, "alpha Ready")
-    marker = f"m-{uuid.uuid4().hex[:8]}"  # never a number to YAML
-    _make_slow(custom, namespace, "alpha", marker)
-    _wait(custom, namespace, _current_update, "the slow update running", timeout=120)
+    marker = _start_slow_update(custom, namespace, "alpha")
     before = _interruptions(core, namespace)
     # A reboot: the node's kubelet and containerd stop, everything in its pods dies, then both start again.
     kubelet, containerd = realnode.kubelet_process(node, toolchain.bin("kubelet")), realnode.containerd_process(node)
