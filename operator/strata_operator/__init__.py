@@ -7,6 +7,8 @@ status, redaction) and the Kopf handlers only fetch, call, and write back.
 
 GROUP = "pulumi.com"
 VERSION = "v1"
+# PKO v2's Workspace and Update API
+AUTO_GROUP, AUTO_VERSION = "auto.pulumi.com", "v1alpha1"
 FINALIZER = "finalizer.stack.pulumi.com"
 RECONCILE_REQUEST_ANNOTATION = "pulumi.com/reconciliation-request"
 FLUX_REQUESTED_AT_ANNOTATION = "reconcile.fluxcd.io/requestedAt"

@@ -21,8 +21,10 @@ import logging
 import os
 import re
 import shutil
+import socket
 import ssl
 import tempfile
+import time
 import typing
 from pathlib import Path
 
@@ -31,12 +33,16 @@ from aiohttp import web
 from .engine import AutomationEngine, EngineSettings, Operation, UpdateRequest, UpdateResult
 from .redaction import install_log_redaction
 from .archive import SourceError, safe_extract
-from .workspace import MountedRefs, RefUnavailable, resolve_in_workspace
+from .bundle import BUNDLE_ENV, launcher
+from .status import OUT_OF_MEMORY
+from .workspace import RESOURCES_FIELD_ENV, MountedRefs, RefUnavailable, resolve_in_workspace
+from .workspace_config import ConfigItem, ConfigUnavailable, config_values
 
 MAX_SOURCE_BYTES = 512 * 1024 * 1024
 KEEP_SOURCES = 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 OPERATIONS = frozenset(typing.get_args(Operation))
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 log = logging.getLogger("strata_operator.agent")
 
 
@@ -131,8 +137,11 @@ class Agent:
         try:
             env, secret_config, secret_env = resolve_in_workspace(MountedRefs.from_json(update.mounted),
                                                                   os.environ, update.env)
-        except RefUnavailable as err:
+            config, item_secrets = config_values(map(ConfigItem.from_json, update.env_config),
+                                                 {**(self.engine.settings.inherited_env or {}), **env})
+        except (RefUnavailable, ConfigUnavailable) as err:
             return web.json_response({"result": json.loads(UpdateResult("failed", str(err)).to_json())})
+        secret_config = {**secret_config, **item_secrets}
         plan_file = ""
         if update.plan_file:
             plans = self.workspace / "plans"
@@ -142,13 +151,32 @@ class Agent:
             if body.get("plan"):
                 Path(plan_file).write_bytes(base64.b64decode(body["plan"]))
         update = dataclasses.replace(
-            update, project_dir=str(project), env=env, secret_config={**update.secret_config, **secret_config},
+            update, project_dir=str(project), env=env, config={**update.config, **config},
+            secret_config={**update.secret_config, **secret_config},
             secret_env=tuple(sorted({*update.secret_env, *secret_env})), plan_file=plan_file, mounted={})
+        oom_before, started = cgroup_oom_kills(CGROUP_ROOT), time.time()
         result = await self.engine.run(operation, update)
+        if not result.ok and (cgroup_oom_kills(CGROUP_ROOT) or 0) > (oom_before or 0):
+            result = await self._out_of_memory(operation, update, result, started)
         answer = {"result": json.loads(result.to_json())}
         if operation == "preview" and plan_file and Path(plan_file).is_file():
             answer["plan"] = base64.b64encode(Path(plan_file).read_bytes()).decode()
         return web.json_response(answer)
+
+    async def _out_of_memory(self, operation: str, update: UpdateRequest, result: UpdateResult,
+                             started: float) -> UpdateResult:
+        """The kernel killed a process of the update for the pod's memory limit: say so, with the field that
+        raises it, and clear the lock a killed `pulumi` left, as after any interrupted run."""
+        recovered = await self.engine.run("recover", dataclasses.replace(
+            update, interrupted_host=socket.gethostname(), interrupted_since=started))
+        limit = cgroup_memory_limit(CGROUP_ROOT)
+        field = os.environ.get(RESOURCES_FIELD_ENV, "spec.workspaceTemplate.spec.resources")
+        message = (f"the workspace pod ran out of memory: the kernel killed a process of the {operation} at the "
+                   f"pod's limit{f' of {limit // (1 << 20)} MiB' if limit else ''}; raise {field}.limits.memory "
+                   f"({result.message})")
+        if not recovered.ok:
+            message += f"; clearing the killed run's lock failed: {recovered.message}"
+        return dataclasses.replace(result, message=message, reason=OUT_OF_MEMORY)
 
     async def cancel(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -164,6 +192,43 @@ class Agent:
         return app
 
 
+def cgroup_oom_kills(root: Path) -> int | None:
+    """How many processes the kernel's OOM killer has killed in this container's memory cgroup (v2's
+    memory.events, v1's memory.oom_control); None where neither is readable."""
+    for path in (root / "memory.events", root / "memory" / "memory.oom_control"):
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def cgroup_memory_limit(root: Path) -> int | None:
+    """The container's memory limit in bytes (None: unlimited or unknown)."""
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        return int(text) if text.isdigit() and int(text) < 1 << 60 else None
+    return None
+
+
+def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) -> EngineSettings:
+    """Updates run in the pod's own environment (its image's PATH and ENV, workspaceTemplate's env and
+    envFrom), less the agent's variables; the pulumi CLI is the image's when it has one (PKO's workspace
+    image holds it), else the operator's, which a foreign image gets through the bundle (bundle.py)."""
+    bundle = environ.get(BUNDLE_ENV, "")
+    path = os.pathsep.join(filter(None, [environ.get("PATH", ""), str(Path(bundle) / "bin") if bundle else ""]))
+    return EngineSettings(
+        state_dir=workspace / "state", concurrency=2, plugin_cache=workspace / "plugins", host_path=path,
+        inherited_env={name: value for name, value in environ.items() if not name.startswith("STRATA_")},
+        python_command=tuple(launcher(Path(bundle))) if bundle else ())
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
@@ -172,8 +237,7 @@ def main() -> None:
     port = int(os.environ.get("STRATA_AGENT_PORT", "8443"))
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(credentials / "tls.crt", credentials / "tls.key")
-    engine = AutomationEngine(EngineSettings(state_dir=workspace / "state", concurrency=2,
-                                             plugin_cache=workspace / "plugins"))
+    engine = AutomationEngine(agent_engine_settings(os.environ, workspace))
     agent = Agent(workspace, (credentials / "token").read_text().strip(), engine)
     log.info("workspace agent on :%d; %s", port, engine.settings.summary())
     web.run_app(agent.app(), port=port, ssl_context=tls, print=None, access_log=None)

@@ -91,6 +91,9 @@ class UpdateRequest:
     mounted: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     source_root: str = ""  # the materialised source holding project_dir (sent whole to a workspace pod)
     local_dir: str = ""  # the program is this directory of the workspace pod (nothing is uploaded)
+    # A PKO v2 Workspace stack's config items (workspace_config.ConfigItem.to_json()), resolved by the
+    # workspace pod's agent: their valueFrom.env is the pod's own environment, which the operator never reads.
+    env_config: tuple[Mapping[str, Any], ...] = ()
 
     def to_json(self, operation: Operation) -> str:
         body = dataclasses.asdict(self)
@@ -208,6 +211,12 @@ class EngineSettings:
     # The operator's own PATH: the CLI is found on it, and its directories holding language hosts or
     # plugins are passed on to updates (their environment is otherwise clean).
     host_path: str = dataclasses.field(default_factory=lambda: os.environ.get("PATH", ""))
+    # A workspace pod's agent: updates start from the pod's own environment, as PKO's agent runs them
+    # (the image's ENV and PATH, workspaceTemplate's env and envFrom); None: only NETWORK_SETTINGS.
+    inherited_env: Mapping[str, str] | None = None
+    # How to start this Python (the fork server): empty is sys.executable. A workspace pod whose image
+    # is not the operator's runs the operator's Python through its own dynamic loader (bundle.py).
+    python_command: tuple[str, ...] = ()
 
     def pulumi_cli(self) -> Path:
         found = self.pulumi_command or shutil.which("pulumi", path=self.host_path) or ""
@@ -219,6 +228,8 @@ class EngineSettings:
         """The workers' PATH: the CLI's directory, the plugin directories, the operator's PATH directories
         that hold language hosts or plugins, then the system's."""
         own = [str(self.pulumi_cli().parent), *self.plugin_dirs]
+        if self.inherited_env is not None:  # the image's PATH is the program's (its language runtimes, tools)
+            return os.pathsep.join(dict.fromkeys([*own, *filter(None, self.host_path.split(os.pathsep)), *SYSTEM_PATH]))
         return os.pathsep.join(dict.fromkeys([*own, *ambient_plugin_dirs(self.host_path), *SYSTEM_PATH]))
 
     def summary(self) -> str:
@@ -317,7 +328,10 @@ class AutomationEngine(SerializedEngine):
         network (proxies, CA bundles, package indexes): no credential of the operator's."""
         home = self.settings.state_dir / "stacks" / request.stack_key / "home"
         home.mkdir(parents=True, exist_ok=True)
-        env = {name: value for name, value in os.environ.items() if name.upper() in NETWORK_SETTINGS}
+        if self.settings.inherited_env is not None:
+            env = dict(self.settings.inherited_env)
+        else:
+            env = {name: value for name, value in os.environ.items() if name.upper() in NETWORK_SETTINGS}
         env.update({
             "PATH": self._path,
             "HOME": str(home),
@@ -343,7 +357,7 @@ class AutomationEngine(SerializedEngine):
         # A short private directory: socket paths are limited to 107 bytes.
         socket_path = Path(tempfile.mkdtemp(prefix="strata-worker-")) / "socket"
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "strata_operator.worker", str(socket_path),
+            *(self.settings.python_command or (sys.executable,)), "-m", "strata_operator.worker", str(socket_path),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             cwd=neutral, env=env, start_new_session=True)
         assert process.stdout is not None

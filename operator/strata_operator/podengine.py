@@ -27,15 +27,14 @@ from typing import Any
 
 import aiohttp
 
-from . import GROUP, VERSION
+from . import AUTO_GROUP, AUTO_VERSION, GROUP, VERSION
 from .engine import EngineSettings, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from .kube import Kube
 from .redaction import REDACTOR, redact
-from .status import UPDATE_INTERRUPTED, WORKSPACE_FAILED
-from .workspace import (AGENT_PORT, MountedRefs, WorkspaceCredentials, WorkspacePodArgs, agent_secret_name,
-                        agent_server_name, build_agent_secret, build_service_account, build_workspace_pod,
-                        default_service_account, last_termination, mint_credentials, pod_problem, pod_ready,
-                        restarted, spec_hash, workspace_name)
+from .status import OUT_OF_MEMORY, UPDATE_INTERRUPTED, WORKSPACE_FAILED
+from .workspace import (AGENT_PORT, MountedRefs, WorkspaceCredentials, WorkspaceNames, WorkspacePodArgs,
+                        build_agent_secret, build_service_account, build_workspace_pod, last_termination,
+                        mint_credentials, pod_problem, pod_ready, restarted, spec_hash)
 
 POLL_SECONDS = 0.5
 # Updates run on the cluster's nodes, placed by its scheduler; the operator only waits on them.
@@ -114,8 +113,18 @@ class PodEngine(SerializedEngine):
 
     async def recover(self, request: UpdateRequest) -> UpdateResult:
         # The interrupted run took its lock under the pod's hostname, not the operator's.
-        _, name = request.stack_key.split("/", 1)
-        return await self.run("recover", dataclasses.replace(request, interrupted_host=workspace_name(name)))
+        return await self.run("recover", dataclasses.replace(request,
+                                                             interrupted_host=WorkspaceNames.of(request.stack_key).pod))
+
+    async def prepare(self, request: UpdateRequest) -> str:
+        """Start the workspace pod ahead of its first operation (a PKO Workspace turns Ready with its pod):
+        why it cannot start, or ""."""
+        async with self._locks.setdefault(request.stack_key, asyncio.Lock()):
+            try:
+                await self._workspace(request)
+            except WorkspaceError as err:
+                return redact(str(err))
+        return ""
 
     async def cancel(self, stack_key: str) -> bool:
         workspace = self._running.get(stack_key)
@@ -137,11 +146,6 @@ class PodEngine(SerializedEngine):
             return await response.json()
 
     async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
-        if "@" in request.stack_key:
-            # updates.workspace_key: a PKO v2 Workspace object, whose program the operator materialises on its
-            # own host; it has no pod of its own here yet.
-            return UpdateResult("blocked", "auto.pulumi.com Workspaces and their Updates run only under the process "
-                                "executor for now; run this operator with --executor process, or use a Stack")
         started, started_at = time.monotonic(), time.time()
         workspace: Workspace | None = None
         try:
@@ -227,9 +231,9 @@ class PodEngine(SerializedEngine):
     async def _lost(self, request: UpdateRequest, operation: Operation, workspace: Workspace | None,
                     err: Exception, started: float, started_at: float) -> UpdateResult:
         """The connection to the pod broke mid-operation: say what happened to the pod."""
-        namespace, name = request.stack_key.split("/", 1)
+        names = WorkspaceNames.of(request.stack_key)
         self._known.pop(request.stack_key, None)
-        pod = await self.kube.get_pod(namespace, workspace_name(name))
+        pod = await self.kube.get_pod(names.namespace, names.pod)
         if workspace is None:
             what = f"the workspace pod could not be reached: {err}"
         elif pod is None or pod["metadata"]["uid"] != workspace.uid or pod["metadata"].get("deletionTimestamp"):
@@ -239,71 +243,83 @@ class PodEngine(SerializedEngine):
         else:
             what = f"the connection to the workspace pod {workspace.pod} broke ({err})"
         if operation not in ("outputs", "recover"):
-            self._interrupted[request.stack_key] = (workspace_name(name), started_at)
+            self._interrupted[request.stack_key] = (names.pod, started_at)
+        if pod is not None and last_termination(pod).startswith("OOMKilled") and restarted(pod) > workspace.restarts:
+            # Run again at once, it would be killed again: a failure, retried with backoff once the limit is raised.
+            field = "spec.resources" if names.is_workspace_object else "spec.workspaceTemplate.spec.resources"
+            return UpdateResult("failed", redact(f"{what} during the {operation}: the workspace pod ran out of "
+                                                 f"memory; raise {field}.limits.memory"),
+                                reason=OUT_OF_MEMORY, duration=time.monotonic() - started)
         return UpdateResult("failed", redact(f"{what} during the {operation}; it is run again"),
                             reason=UPDATE_INTERRUPTED, duration=time.monotonic() - started)
 
     async def _reclaim(self, request: UpdateRequest) -> None:
-        namespace, name = request.stack_key.split("/", 1)
+        names = WorkspaceNames.of(request.stack_key)
         self._known.pop(request.stack_key, None)
-        await self.kube.delete_pod(namespace, workspace_name(name))
+        await self.kube.delete_pod(names.namespace, names.pod)
 
-    async def _owner(self, namespace: str, name: str) -> dict[str, Any]:
-        stack = await self.kube.get_stack(namespace, name)
-        if stack is None:
-            raise WorkspaceError(f"Stack {namespace}/{name} is gone")
-        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "name": name,
-                "uid": stack["metadata"]["uid"], "controller": True}
+    async def _owner(self, names: WorkspaceNames) -> dict[str, Any]:
+        if names.is_workspace_object:
+            owner = await self.kube.get_custom(AUTO_GROUP, AUTO_VERSION, "workspaces", names.namespace, names.owner)
+            api_version, kind = f"{AUTO_GROUP}/{AUTO_VERSION}", "Workspace"
+        else:
+            owner = await self.kube.get_stack(names.namespace, names.owner)
+            api_version, kind = f"{GROUP}/{VERSION}", "Stack"
+        if owner is None:
+            raise WorkspaceError(f"{kind} {names.namespace}/{names.owner} is gone")
+        return {"apiVersion": api_version, "kind": kind, "name": names.owner, "uid": owner["metadata"]["uid"],
+                "controller": True}
 
     def _desired_pod(self, request: UpdateRequest, owner: dict[str, Any]) -> dict[str, Any]:
-        namespace, name = request.stack_key.split("/", 1)
+        names = WorkspaceNames.of(request.stack_key)
         template = dict(request.workspace_template or {})
         service_account = (request.service_account or (template.get("spec") or {}).get("serviceAccountName")
-                           or default_service_account(name))
+                           or names.service_account or "default")
         return build_workspace_pod(WorkspacePodArgs(
-            namespace=namespace, stack=name, owner=owner, image=self.workspace.image,
+            names=names, owner=owner, image=self.workspace.image,
             service_account=service_account, mounted=MountedRefs.from_json(request.mounted), template=template,
             image_pull_policy=self.workspace.image_pull_policy, node_selector=self.workspace.node_selector,
             tolerations=self.workspace.tolerations))
 
-    async def _credentials(self, namespace: str, name: str, owner: dict[str, Any]) -> WorkspaceCredentials:
-        data = await self.kube.secret_bytes(namespace, agent_secret_name(name))
+    async def _credentials(self, names: WorkspaceNames, owner: dict[str, Any]) -> WorkspaceCredentials:
+        data = await self.kube.secret_bytes(names.namespace, names.agent_secret)
         credentials = WorkspaceCredentials.from_secret_data(data) if data is not None else None
         if credentials is None:
-            credentials = mint_credentials(agent_server_name(namespace, name))
-            await self.kube.write_secret(namespace, agent_secret_name(name), credentials.secret_data(),
-                                         build_agent_secret(namespace, name, owner, credentials)["metadata"]["labels"],
-                                         owner)
+            credentials = mint_credentials(names.server_name)
+            await self.kube.write_secret(names.namespace, names.agent_secret, credentials.secret_data(),
+                                         build_agent_secret(names, owner, credentials)["metadata"]["labels"], owner)
         REDACTOR.add(credentials.token)
         return credentials
 
     async def _workspace(self, request: UpdateRequest) -> Workspace:
         """The Stack's running workspace pod, created or replaced as needed; waits until its agent answers."""
-        namespace, name = request.stack_key.split("/", 1)
-        pod = await self.kube.get_pod(namespace, workspace_name(name))
+        names = WorkspaceNames.of(request.stack_key)
+        namespace = names.namespace
+        pod = await self.kube.get_pod(namespace, names.pod)
         known = self._known.get(request.stack_key)
         if pod is not None and known is not None and pod["metadata"]["uid"] == known.uid and pod_ready(pod) \
                 and spec_hash(pod) == spec_hash(self._desired_pod(request, pod["metadata"]["ownerReferences"][0])):
             # A restarted node can give the same pod a new address.
             known.address, known.restarts = f"https://{pod['status']['podIP']}:{AGENT_PORT}", restarted(pod)
             return known
-        owner = await self._owner(namespace, name)
+        owner = await self._owner(names)
         desired = self._desired_pod(request, owner)
-        if not request.service_account and not (request.workspace_template.get("spec") or {}).get("serviceAccountName"):
-            await self.kube.create_service_account(namespace, build_service_account(namespace, name, owner))
-        credentials = await self._credentials(namespace, name, owner)
+        if names.service_account and not request.service_account \
+                and not (request.workspace_template.get("spec") or {}).get("serviceAccountName"):
+            await self.kube.create_service_account(namespace, build_service_account(names, owner))
+        credentials = await self._credentials(names, owner)
         if pod is not None and (spec_hash(pod) != spec_hash(desired) or pod["metadata"].get("deletionTimestamp")
                                 or (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")):
-            await self.kube.delete_pod(namespace, workspace_name(name))
-            await self._wait_gone(namespace, workspace_name(name), pod["metadata"]["uid"])
+            await self.kube.delete_pod(namespace, names.pod)
+            await self._wait_gone(namespace, names.pod, pod["metadata"]["uid"])
             pod = None
         if pod is None:
             pod = await self.kube.create_pod(namespace, desired)
         pod = await self._wait_ready(namespace, pod, MountedRefs.from_json(request.mounted))
         tls = ssl.create_default_context(cadata=credentials.certificate)
-        workspace = Workspace(pod=workspace_name(name), uid=pod["metadata"]["uid"],
+        workspace = Workspace(pod=names.pod, uid=pod["metadata"]["uid"],
                               address=f"https://{pod['status']['podIP']}:{AGENT_PORT}",
-                              server_name=agent_server_name(namespace, name), tls=tls, token=credentials.token,
+                              server_name=names.server_name, tls=tls, token=credentials.token,
                               restarts=restarted(pod))
         self._known[request.stack_key] = workspace
         return workspace

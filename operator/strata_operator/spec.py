@@ -540,9 +540,9 @@ def parse_stack_spec(raw: dict[str, Any] | None, namespace: str) -> StackSpec:
     return spec
 
 
-# With the pod executor: the parts of workspaceTemplate that Strata's workspace pod cannot honour. The
-# update runs the operator image's agent, CLI and language hosts (a custom image has none of the agent).
-POD_NOT_APPLICABLE_FIELDS = ("image", "imagePullPolicy", "serviceTemplate", "stacks", "pulumiLogLevel", "git", "flux")
+# With the pod executor: the parts of workspaceTemplate that Strata's workspace pod cannot honour (the
+# Stack's own fields say what the program is and which stack it runs).
+POD_NOT_APPLICABLE_FIELDS = ("serviceTemplate", "stacks", "pulumiLogLevel", "git", "flux")
 
 
 def not_applicable_fields(raw: dict[str, Any], in_workspace_pods: bool = False) -> list[str]:

@@ -52,6 +52,7 @@ WORKSPACE_FAILED = "WorkspaceFailed"
 STALLED_NAMESPACE_TERMINATING = "NamespaceTerminating"
 # lastUpdate.reason of a run that died with the operator (not a Stack failure: resumed without backoff).
 UPDATE_INTERRUPTED = "UpdateInterrupted"
+OUT_OF_MEMORY = "OutOfMemory"  # the pod executor: the kernel killed a process of the update at the pod's limit
 # lastUpdate.reason of a run that failed in a way retrying cannot fix (engine outcome "blocked"): Stalled
 # at once, until the spec, the source or a reconcile request changes.
 UPDATE_BLOCKED = "UpdateBlocked"

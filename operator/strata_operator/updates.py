@@ -37,9 +37,10 @@ from .redaction import REDACTOR, redact
 from .resolve import RefError
 from .sources import SourceError, project_info
 from .spec import SpecInvalid, SpecIssue, parse_duration
-from .status import rfc3339
-from .workspaces import (AUTO_GROUP, AUTO_VERSION, WorkspaceSpec, backend_in_pod_volume, git_credentials,
-                         materialise, not_applicable, parse_workspace, resolve_env, stack_config)
+from .status import WORKSPACE_FAILED, rfc3339
+from .workspace import WORKSPACE_SUFFIX
+from .workspaces import (AUTO_GROUP, AUTO_VERSION, SECRET_VARIABLES, LocalSource, WorkspaceSpec, git_credentials, literal_env,
+                         materialise, misplaced_backend, not_applicable, parse_workspace, resolve_env, stack_config)
 
 UPDATE_TYPES = ("preview", "up", "refresh", "destroy")
 PROGRESSING, FAILED, COMPLETE, READY, STALLED = "Progressing", "Failed", "Complete", "Ready", "Stalled"
@@ -210,7 +211,7 @@ def outputs_secret(namespace: str, name: str, uid: str, outputs: dict[str, tuple
 def workspace_key(namespace: str, name: str) -> str:
     """The engine's unit of mutual exclusion and state (PULUMI_HOME, ...) for a Workspace: '@' is in no
     Kubernetes name, so it never meets a Stack's `<namespace>/<name>`."""
-    return f"{namespace}/{name}@workspace"
+    return f"{namespace}/{name}{WORKSPACE_SUFFIX}"
 
 
 def workspace_ready(workspace: dict[str, Any] | None) -> bool:
@@ -291,18 +292,29 @@ def _workspace_dir(ctx: Any, namespace: str, name: str) -> Path:
     return ctx.settings.engine.state_dir / "workspaces" / namespace / name
 
 
-def materialised_project(ctx: Any, workspace: dict[str, Any]) -> Path | None:
-    """The project directory this process fetched for the Workspace's current generation, if any."""
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """Where a Workspace's program is, for its current generation: fetched by this process (`project`,
+    inside `source_root`), or a directory of its workspace pod (`local_dir`: spec.local, pod executor)."""
+
+    project: Path | None = None
+    source_root: Path | None = None
+    local_dir: str = ""
+
+
+def materialised_program(ctx: Any, workspace: dict[str, Any]) -> Program | None:
+    """The program this process made ready for the Workspace's current generation, if any."""
     meta = workspace["metadata"]
     try:
         marker = json.loads((_workspace_dir(ctx, meta["namespace"], meta["name"]) / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    project = Path(marker.get("project", ""))
-    if marker.get("uid") != meta.get("uid") or marker.get("generation") != meta.get("generation") \
-            or not project.is_dir():
+    if marker.get("uid") != meta.get("uid") or marker.get("generation") != meta.get("generation"):
         return None
-    return project
+    if marker.get("local_dir"):  # a pod's directory: nothing this process can run (the executor changed)
+        return Program(local_dir=marker["local_dir"]) if ctx.engine.in_workspace_pods else None
+    project = Path(marker.get("project", ""))
+    return Program(project, Path(marker.get("source_root") or project)) if project.is_dir() else None
 
 
 async def _pulumi_version(ctx: Any, state: AutoState) -> str:
@@ -339,10 +351,12 @@ async def reconcile_workspace(ctx: Any, state: AutoState, body: Any, logger: Any
         await write(("False", "Deleting", "Workspace is being deleted"))
         return None
     raw = dict(body.get("spec") or {})
-    ignored = not_applicable(raw)
+    in_pods = ctx.engine.in_workspace_pods
+    ignored = not_applicable(raw, in_pods)
     if (status.get("ignoredFields") or []) != ignored and ignored:
-        _event(body, "NotApplicable", "accepted but not applicable to the process executor (they configure PKO's "
-                                      f"workspace pod): {', '.join(ignored)}", warning=True)
+        why = "its workspace pod has no Service and logs at its own level" if in_pods else \
+            "the process executor runs updates on the operator's host: they configure PKO's workspace pod"
+        _event(body, "NotApplicable", f"accepted but not applicable ({why}): {', '.join(ignored)}", warning=True)
     try:
         spec = parse_workspace(raw)
     except SpecInvalid as err:
@@ -350,8 +364,8 @@ async def reconcile_workspace(ctx: Any, state: AutoState, body: Any, logger: Any
             _event(body, "StackInitializationFailure", str(err), warning=True)
         await write(("False", "SpecInvalid", str(err)), ("True", "SpecInvalid", str(err)), ignoredFields=ignored or None)
         return None
-    project = materialised_project(ctx, body)
-    if project is not None and workspace_ready(body):
+    program = materialised_program(ctx, body)
+    if program is not None and workspace_ready(body):
         _wake_waiting(ctx, state, namespace, name)
         return None
 
@@ -361,16 +375,18 @@ async def reconcile_workspace(ctx: Any, state: AutoState, body: Any, logger: Any
         return RETRY_SECONDS[min(count, len(RETRY_SECONDS) - 1)]
 
     try:
-        env = await resolve_env(spec, namespace, ctx.kube.secret_data, ctx.kube.configmap_data)
+        # The pod executor's pod reads its Secrets itself (the kubelet): the operator sees plain values only.
+        env = literal_env(spec) if in_pods else \
+            (await resolve_env(spec, namespace, ctx.kube.secret_data, ctx.kube.configmap_data)).env
         creds = await git_credentials(getattr(spec.source, "auth", None), namespace, ctx.kube.secret_data)
     except RefError as err:
         await write(("False", "WaitingForReference", str(err)), ignoredFields=ignored or None)
         return retry()
-    problem = backend_in_pod_volume(raw, env.env)
+    problem = misplaced_backend(raw, env, in_pods)
     invalid = [problem] if problem else []
-    for stack in spec.stacks:
+    for stack in spec.stacks if not in_pods else ():  # the pod's agent resolves them, from its environment
         try:
-            stack_config(stack, env.env)
+            stack_config(stack, env)
         except RefError as err:
             invalid.append(SpecIssue(str(err).split(":")[0], str(err).split(": ", 1)[-1],
                                      "set that variable in spec.env or spec.envFrom"))
@@ -382,31 +398,58 @@ async def reconcile_workspace(ctx: Any, state: AutoState, body: Any, logger: Any
         await write(("False", reason, message), ("True", reason, message), ignoredFields=ignored or None)
         return None
 
-    await write(("False", "Initializing", "Fetching the program"), ignoredFields=ignored or None)
+    if program is None:
+        await write(("False", "Initializing", "Fetching the program"), ignoredFields=ignored or None)
+        try:
+            program, revision = await _fetch_program(ctx, state, spec, namespace, name, generation, meta, creds)
+        except SourceError as err:
+            if (condition(status, READY) or {}).get("message") != redact(str(err)):
+                _event(body, "SourceUnavailable", str(err), warning=True)
+            await write(("False", "SourceUnavailable", str(err)), ignoredFields=ignored or None)
+            return retry()
+        _event(body, "Initialized", f"Initialized workspace {name!r} at {revision}")
+    if in_pods:
+        await write(("False", "Initializing", "Starting the workspace pod"), ignoredFields=ignored or None)
+        failure = await ctx.engine.prepare(workspace_request(namespace, name, raw, spec, program))
+        if failure:
+            if (condition(status, READY) or {}).get("message") != redact(failure):
+                _event(body, WORKSPACE_FAILED, failure, warning=True)
+            await write(("False", WORKSPACE_FAILED, failure), ignoredFields=ignored or None)
+            return retry()
+    state.failures.pop(key, None)
+    await write(("True", "Succeeded", ""), pulumiVersion=await _pulumi_version(ctx, state) or None,
+                ignoredFields=ignored or None)
+    logger.info("workspace %s/%s ready", namespace, name)
+    _wake_waiting(ctx, state, namespace, name)
+    return None
+
+
+async def _fetch_program(ctx: Any, state: AutoState, spec: WorkspaceSpec, namespace: str, name: str, generation: int,
+                         meta: dict[str, Any], creds: Any) -> tuple[Program, str]:
+    """The program of this generation, made ready and recorded (the marker); SourceError says why not.
+    A pod executor's spec.local is a directory of the pod itself: nothing to fetch."""
     root = _workspace_dir(ctx, namespace, name)
     dest = root / f"{generation}-{uuid.uuid4().hex[:8]}"
-    try:
-        project, revision = await asyncio.to_thread(materialise, spec, dest / "src", creds,
-                                                    ctx.settings.allow_operator_refs)
-    except SourceError as err:
-        shutil.rmtree(dest, ignore_errors=True)
-        if (condition(status, READY) or {}).get("message") != redact(str(err)):
-            _event(body, "SourceUnavailable", str(err), warning=True)
-        await write(("False", "SourceUnavailable", str(err)), ignoredFields=ignored or None)
-        return retry()
-    marker = {"uid": meta.get("uid"), "generation": meta.get("generation"), "project": str(project),
-              "revision": revision}
+    marker: dict[str, Any] = {"uid": meta.get("uid"), "generation": meta.get("generation")}
+    if ctx.engine.in_workspace_pods and isinstance(spec.source, LocalSource):
+        program, revision = Program(local_dir=spec.source.dir), f"local:{spec.source.dir}"
+        marker["local_dir"] = spec.source.dir
+        dest.mkdir(parents=True, exist_ok=True)
+    else:
+        try:
+            project, revision = await asyncio.to_thread(materialise, spec, dest / "src", creds,
+                                                        ctx.settings.allow_operator_refs)
+        except SourceError:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        program = Program(project, dest / "src")
+        marker.update(project=str(project), source_root=str(dest / "src"))
+    marker["revision"] = revision
     partial = root / (MARKER + ".partial")
     partial.write_text(json.dumps(marker))
     partial.replace(root / MARKER)
-    state.failures.pop(key, None)
     _remove_old_workdirs(ctx, state, root, dest, namespace, name)
-    await write(("True", "Succeeded", ""), pulumiVersion=await _pulumi_version(ctx, state) or None,
-                ignoredFields=ignored or None)
-    _event(body, "Initialized", f"Initialized workspace {name!r} at {revision}")
-    logger.info("workspace %s/%s ready: %s", namespace, name, revision)
-    _wake_waiting(ctx, state, namespace, name)
-    return None
+    return program, revision
 
 
 def _remove_old_workdirs(ctx: Any, state: AutoState, root: Path, keep: Path, namespace: str, name: str) -> None:
@@ -528,8 +571,8 @@ async def run_update(ctx: Any, state: AutoState, body: Any) -> None:
         return
     await write(progressing())
     workspace = await ctx.kube.get_custom(AUTO_GROUP, AUTO_VERSION, "workspaces", namespace, spec.workspace_name)
-    project = materialised_project(ctx, workspace) if workspace is not None else None
-    if workspace is None or not workspace_ready(workspace) or project is None:
+    program = materialised_program(ctx, workspace) if workspace is not None else None
+    if workspace is None or not workspace_ready(workspace) or program is None:
         state.waiting.setdefault((namespace, spec.workspace_name), set()).add(name)
         await write(waiting("WorkspaceNotFound" if workspace is None else "WorkspaceNotReady"))
         if workspace is not None and workspace_ready(workspace):
@@ -543,10 +586,10 @@ async def run_update(ctx: Any, state: AutoState, body: Any) -> None:
     run_dir = _workspace_dir(ctx, namespace, spec.workspace_name) / "runs" / f"{name}-{uuid.uuid4().hex[:6]}"
     try:
         started = _now()
-        result, request = await _run_engine(ctx, spec, workspace, namespace, project, run_dir)
+        result, request = await _run_engine(ctx, spec, workspace, namespace, program, run_dir)
         ended = _now()
         fields: dict[str, Any] = {"startTime": rfc3339(started), "endTime": rfc3339(ended)}
-        info = project_info(project)
+        info = project_info(program.project) if program.project else None
         if info:
             fields["projectInfo"] = info
         if result.permalink:
@@ -578,39 +621,68 @@ async def run_update(ctx: Any, state: AutoState, body: Any) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-async def _run_engine(ctx: Any, spec: UpdateSpec, workspace: dict[str, Any], namespace: str, project: Path,
+def workspace_request(namespace: str, name: str, raw: dict[str, Any], spec: WorkspaceSpec, program: Program,
+                      **options: Any) -> UpdateRequest:
+    """A pod executor's request for the Workspace's pod: the pod is built from the Workspace's spec (PKO's
+    WorkspaceSpec, as a Stack's workspaceTemplate) and runs as its ServiceAccount; its environment,
+    Secrets included, is the pod's own, and so are the stack's config values taken from it."""
+    stack = spec.stack(options.get("stack_name", ""))
+    return UpdateRequest(
+        stack_key=workspace_key(namespace, name), project_dir=str(program.project or ""),
+        source_root=str(program.source_root or ""), local_dir=program.local_dir,
+        # Masked in what the update reports: what the pod's env takes from Secrets, and the engine's secrets.
+        secret_env=tuple(sorted({var.name for var in spec.env if var.secret} | SECRET_VARIABLES)),
+        service_account=spec.service_account_name, workspace_template={"spec": raw},
+        env_config=tuple(item.to_json() for item in (stack.config if stack else ())),
+        secrets_provider=stack.secrets_provider if stack else "", environments=stack.environment if stack else (),
+        **{"stack_name": "", **options})
+
+
+async def _run_engine(ctx: Any, spec: UpdateSpec, workspace: dict[str, Any], namespace: str, program: Program,
                       run_dir: Path) -> tuple[UpdateResult, UpdateRequest | None]:
     """The operation through the engine port; a workspace that cannot be resolved now fails the Update."""
+    options = dict(stack_name=spec.stack_name, create=True, refresh=spec.refresh, targets=spec.target,
+                   target_dependents=spec.target_dependents, message=spec.message, run_program=spec.run_program,
+                   real_outputs=spec.type == "up", expect_no_changes=spec.expect_no_changes,
+                   continue_on_error=spec.continue_on_error, replace=spec.replace, parallel=spec.parallel)
     try:
-        ws: WorkspaceSpec = parse_workspace(workspace.get("spec"))
-        env = await resolve_env(ws, namespace, ctx.kube.secret_data, ctx.kube.configmap_data)
-        stack = ws.stack(spec.stack_name)
-        config, secret_config = stack_config(stack, env.env)
-        values = dict(env.env)
-        minted = await ctx.kube.service_account_kubeconfig(namespace, ws.service_account_name)
-        if minted is None:
-            raise RefError(f"spec.serviceAccountName of Workspace {spec.workspace_name!r}: ServiceAccount "
-                           f"{ws.service_account_name!r} not found in namespace {namespace!r}")
-        REDACTOR.add(minted[1])
-        run_dir.mkdir(parents=True, exist_ok=True)
-        kubeconfig = run_dir / "kubeconfig"
-        kubeconfig.write_text(minted[0])
-        kubeconfig.chmod(0o600)
-        values["KUBECONFIG"] = str(kubeconfig)
+        raw = dict(workspace.get("spec") or {})
+        ws: WorkspaceSpec = parse_workspace(raw)
+        if ctx.engine.in_workspace_pods:
+            request = workspace_request(namespace, spec.workspace_name, raw, ws, program, **options)
+        else:
+            request = await _process_request(ctx, spec, ws, namespace, program, run_dir, options)
     except (SpecInvalid, RefError, ApiException) as err:
         text = f"HTTP {err.status} {err.reason}" if isinstance(err, ApiException) else str(err)
         return UpdateResult("failed", redact(text)), None
-    request = UpdateRequest(
-        stack_key=workspace_key(namespace, spec.workspace_name), stack_name=spec.stack_name, project_dir=str(project),
-        env=values, secret_env=tuple(sorted(env.secret_env)), config=config, secret_config=secret_config,
-        secrets_provider=stack.secrets_provider if stack else "", create=True, refresh=spec.refresh,
-        targets=spec.target, target_dependents=spec.target_dependents,
-        environments=stack.environment if stack else (), message=spec.message, run_program=spec.run_program,
-        real_outputs=spec.type == "up", expect_no_changes=spec.expect_no_changes,
-        continue_on_error=spec.continue_on_error, replace=spec.replace, parallel=spec.parallel)
     operation = {"preview": ctx.engine.preview, "up": ctx.engine.up, "refresh": ctx.engine.refresh,
                  "destroy": ctx.engine.destroy}[spec.type]
     return await operation(request), request
+
+
+async def _process_request(ctx: Any, spec: UpdateSpec, ws: WorkspaceSpec, namespace: str, program: Program,
+                           run_dir: Path, options: dict[str, Any]) -> UpdateRequest:
+    """The process executor's request: the operator reads the workspace's environment and config, and
+    mints a kubeconfig for its ServiceAccount (the forked worker has no pod identity)."""
+    env = await resolve_env(ws, namespace, ctx.kube.secret_data, ctx.kube.configmap_data)
+    stack = ws.stack(spec.stack_name)
+    config, secret_config = stack_config(stack, env.env)
+    values = dict(env.env)
+    minted = await ctx.kube.service_account_kubeconfig(namespace, ws.service_account_name)
+    if minted is None:
+        raise RefError(f"spec.serviceAccountName of Workspace {spec.workspace_name!r}: ServiceAccount "
+                       f"{ws.service_account_name!r} not found in namespace {namespace!r}")
+    REDACTOR.add(minted[1])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    kubeconfig = run_dir / "kubeconfig"
+    kubeconfig.write_text(minted[0])
+    kubeconfig.chmod(0o600)
+    values["KUBECONFIG"] = str(kubeconfig)
+    return UpdateRequest(
+        stack_key=workspace_key(namespace, spec.workspace_name), project_dir=str(program.project), env=values,
+        secret_env=tuple(sorted(env.secret_env)), config=config, secret_config=secret_config,
+        secrets_provider=stack.secrets_provider if stack else "", environments=stack.environment if stack else (),
+        **options)
 
 
 async def _write_outputs(ctx: Any, body: Any, result: UpdateResult) -> str | None:
@@ -658,7 +730,7 @@ async def workspace_event(type: str | None, body: kopf.Body, namespace: str, nam
             shutil.rmtree(_workspace_dir(ctx, namespace, name), ignore_errors=True)
         return
     body = dict(body)
-    if workspace_ready(body) and materialised_project(ctx, body) is not None:
+    if workspace_ready(body) and materialised_program(ctx, body) is not None:
         _wake_waiting(ctx, state, namespace, name)
     loop = state.workspaces.get(key)
     if loop is None:

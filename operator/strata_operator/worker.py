@@ -532,7 +532,8 @@ def request_redactor(request: dict[str, Any]) -> Redactor:
     """Masks the request's secrets: its secret config and its environment entries from Secrets (plain
     values, such as the backend's path, stay readable in messages)."""
     redactor = Redactor()
-    env = request["env"]
+    # The update's whole environment: in a workspace pod, the pod's own (Secrets the kubelet set) is in it.
+    env = {**request["env"], **request.get("worker_env", {})}
     redactor.add(*request["secret_config"].values(), *(env[name] for name in request["secret_env"] if name in env))
     if "PULUMI_BACKEND_URL" in request["secret_env"]:
         # Errors name a file backend's directory, not its URL: from a secret URL, that is secret too.

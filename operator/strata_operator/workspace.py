@@ -19,7 +19,10 @@ import hashlib
 import json
 import secrets
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+from .bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
 
 
 CONTAINER = "pulumi"  # PKO's name: podTemplate containers of that name merge into it
@@ -33,8 +36,11 @@ WORKSPACE_LABEL = "auto.pulumi.com/workspace-name"
 ENV_REF_PREFIX = "STRATA_ENV__"
 CONFIG_REF_PREFIX = "STRATA_CONFIG__"
 ENV_FROM_PREFIX = "STRATA_ENVFROM_{index}__"
+RESOURCES_FIELD_ENV = "STRATA_RESOURCES_FIELD"  # the field that sets the pod's resources, for the agent's messages
 DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"memory": "2Gi"}}
 RUN_AS = 65532  # the operator image's user
+# Copying the agent's runtime (bundle.py) for an image of the template's.
+BOOTSTRAP_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 CERT_VALIDITY = datetime.timedelta(days=3650)
 
 
@@ -122,22 +128,41 @@ def resolve_in_workspace(mounted: MountedRefs, environ: Mapping[str, str], env: 
     return merged, config, secret
 
 
-def workspace_name(stack: str) -> str:
-    return f"{stack}-workspace"
+WORKSPACE_SUFFIX = "@workspace"  # a PKO v2 Workspace's engine key (updates.workspace_key): '@' is in no name
 
 
-def agent_secret_name(stack: str) -> str:
-    return f"{stack}-workspace-agent"
+@dataclasses.dataclass(frozen=True)
+class WorkspaceNames:
+    """The objects of one workspace pod. A Stack's: `<stack>-workspace`, its agent Secret and default
+    ServiceAccount beside it. A PKO v2 Workspace's: `<name>-workspace-0`, the pod PKO's StatefulSet
+    makes (its logs are where PKO's docs look), running as spec.serviceAccountName (PKO's default
+    `default`), so no ServiceAccount of its own."""
 
+    namespace: str
+    owner: str
+    """The Stack's or Workspace's name."""
+    pod: str
+    agent_secret: str
+    service_account: str
+    """The ServiceAccount the operator creates when none is named ('' for a Workspace: none)."""
 
-def default_service_account(stack: str) -> str:
-    """A Stack without serviceAccountName runs as this one, which the operator creates with no rights."""
-    return f"{stack}-workspace"
+    @classmethod
+    def of(cls, engine_key: str) -> "WorkspaceNames":
+        """From the engine's key: `<namespace>/<stack>`, or `<namespace>/<workspace>@workspace`."""
+        namespace, name = engine_key.split("/", 1)
+        if name.endswith(WORKSPACE_SUFFIX):
+            name = name.removesuffix(WORKSPACE_SUFFIX)
+            return cls(namespace, name, f"{name}-workspace-0", f"{name}-workspace-0-agent", "")
+        return cls(namespace, name, f"{name}-workspace", f"{name}-workspace-agent", f"{name}-workspace")
 
+    @property
+    def is_workspace_object(self) -> bool:
+        return not self.service_account
 
-def agent_server_name(namespace: str, stack: str) -> str:
-    """The name the agent's certificate is for; the operator connects to the pod's IP expecting it."""
-    return f"{workspace_name(stack)}.{namespace}.workspace.strata"
+    @property
+    def server_name(self) -> str:
+        """The name the agent's certificate is for; the operator connects to the pod's IP expecting it."""
+        return f"{self.pod}.{self.namespace}.workspace.strata"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,12 +210,11 @@ def mint_credentials(server_name: str) -> WorkspaceCredentials:
 
 @dataclasses.dataclass(frozen=True)
 class WorkspacePodArgs:
-    namespace: str
-    stack: str
-    """The Stack object's name."""
+    names: WorkspaceNames
     owner: Mapping[str, Any]
-    """The Stack's ownerReference: the pod, its Secret and its ServiceAccount go with the Stack."""
+    """The Stack's (or Workspace's) ownerReference: the pod, its Secret and its ServiceAccount go with it."""
     image: str
+    """The operator image: the agent's, and the updates' unless the template names an image."""
     service_account: str
     mounted: MountedRefs = MountedRefs()
     template: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -218,36 +242,56 @@ def build_workspace_pod(args: WorkspacePodArgs) -> dict[str, Any]:
     template = (args.template or {}).get("spec") or {}
     pod_template = template.get("podTemplate") or {}
     their_spec = copy.deepcopy(pod_template.get("spec") or {})
+    names = args.names
+    # An image of the template's (PKO: one holding `pulumi`) runs the updates; the agent comes along
+    # from the operator image, as PKO's init container brings its agent (bundle.py).
+    foreign = bool(template.get("image")) and template["image"] != args.image
+    agent_command = [*launcher(Path(BUNDLE_DIR)), "-m", "strata_operator.agent"] if foreign \
+        else ["python", "-m", "strata_operator.agent"]
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": args.image,
-        "imagePullPolicy": args.image_pull_policy,
-        "command": ["python", "-m", "strata_operator.agent"],
+        "image": template["image"] if foreign else args.image,
+        "imagePullPolicy": template.get("imagePullPolicy") or args.image_pull_policy,
+        "command": agent_command,
         "env": [{"name": "STRATA_AGENT_DIR", "value": AGENT_DIR},
                 {"name": "STRATA_AGENT_PORT", "value": str(AGENT_PORT)},
                 {"name": "STRATA_WORKSPACE", "value": WORKSPACE_DIR},
+                {"name": RESOURCES_FIELD_ENV,
+                 "value": "spec.resources" if names.is_workspace_object else "spec.workspaceTemplate.spec.resources"},
+                *([{"name": BUNDLE_ENV, "value": BUNDLE_DIR}] if foreign else []),
+                # As on PKO's workspace pod: programs and config (valueFrom.env) may read them.
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "POD_SA_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}},
                 *pod_secret_env(args.mounted), *copy.deepcopy(template.get("env") or [])],
         "envFrom": [*pod_env_from(args.mounted), *copy.deepcopy(template.get("envFrom") or [])],
         "ports": [{"name": "agent", "containerPort": AGENT_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": AGENT_PORT, "scheme": "HTTPS"},
                            "periodSeconds": 2, "failureThreshold": 3},
         "resources": copy.deepcopy(template.get("resources") or DEFAULT_RESOURCES),
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": container_security(),
         "volumeMounts": [{"name": "agent", "mountPath": AGENT_DIR, "readOnly": True},
                          {"name": "workspace", "mountPath": WORKSPACE_DIR},
-                         {"name": "tmp", "mountPath": "/tmp"}],
+                         {"name": "tmp", "mountPath": "/tmp"},
+                         *([{"name": "runtime", "mountPath": BUNDLE_DIR, "readOnly": True}] if foreign else [])],
     }
     containers = their_spec.pop("containers", None) or []
     for theirs in containers:
         if theirs.get("name") == CONTAINER:
             container = _merge_container(container, theirs)
     sidecars = [copy.deepcopy(c) for c in containers if c.get("name") != CONTAINER]
-    volumes = [{"name": "agent", "secret": {"secretName": agent_secret_name(args.stack), "defaultMode": 0o440}},
+    volumes = [{"name": "agent", "secret": {"secretName": names.agent_secret, "defaultMode": 0o440}},
                {"name": "workspace", "emptyDir": {}},
                {"name": "tmp", "emptyDir": {}},
+               *([{"name": "runtime", "emptyDir": {}}] if foreign else []),
                *(their_spec.pop("volumes", None) or [])]
+    init_containers = their_spec.pop("initContainers", None) or []
+    if foreign:
+        init_containers = [{
+            "name": "bootstrap", "image": args.image, "imagePullPolicy": args.image_pull_policy,
+            "command": ["python", "-m", "strata_operator.bundle", BUNDLE_DIR],
+            "securityContext": container_security(), "resources": BOOTSTRAP_RESOURCES,
+            "volumeMounts": [{"name": "runtime", "mountPath": BUNDLE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        }, *init_containers]
     spec: dict[str, Any] = {
         **their_spec,
         "serviceAccountName": args.service_account,
@@ -260,35 +304,42 @@ def build_workspace_pod(args: WorkspacePodArgs) -> dict[str, Any]:
         "containers": [container, *sidecars],
         "volumes": volumes,
     }
+    if init_containers:
+        spec["initContainers"] = init_containers
     if args.node_selector:
         spec["nodeSelector"] = {**args.node_selector, **(their_spec.get("nodeSelector") or {})}
     if args.tolerations:
         spec["tolerations"] = [*map(dict, args.tolerations), *(their_spec.get("tolerations") or [])]
     metadata = pod_template.get("metadata") or {}
-    labels = {**(metadata.get("labels") or {}), COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: args.stack}
+    labels = {**(metadata.get("labels") or {}), COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: names.owner}
     digest = hashlib.sha256(json.dumps([spec, labels], sort_keys=True).encode()).hexdigest()[:16]
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": workspace_name(args.stack), "namespace": args.namespace, "labels": labels,
+        "metadata": {"name": names.pod, "namespace": names.namespace, "labels": labels,
                      "annotations": {**(metadata.get("annotations") or {}), SPEC_HASH_ANNOTATION: digest},
                      "ownerReferences": [dict(args.owner)]},
         "spec": spec,
     }
 
 
-def build_service_account(namespace: str, stack: str, owner: Mapping[str, Any]) -> dict[str, Any]:
+def container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+            "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "capabilities": {"drop": ["ALL"]}}
+
+
+def build_service_account(names: WorkspaceNames, owner: Mapping[str, Any]) -> dict[str, Any]:
     """The default workspace identity: no RoleBinding names it, so its token grants nothing."""
     return {"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": default_service_account(stack), "namespace": namespace,
-                         "labels": {COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: stack},
+            "metadata": {"name": names.service_account, "namespace": names.namespace,
+                         "labels": {COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: names.owner},
                          "ownerReferences": [dict(owner)]}}
 
 
-def build_agent_secret(namespace: str, stack: str, owner: Mapping[str, Any],
+def build_agent_secret(names: WorkspaceNames, owner: Mapping[str, Any],
                        credentials: WorkspaceCredentials) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": agent_secret_name(stack), "namespace": namespace,
-                         "labels": {COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: stack},
+            "metadata": {"name": names.agent_secret, "namespace": names.namespace,
+                         "labels": {COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: names.owner},
                          "ownerReferences": [dict(owner)]},
             "data": {k: base64.b64encode(v).decode() for k, v in credentials.secret_data().items()}}
 
@@ -314,7 +365,7 @@ def pod_problem(pod: Mapping[str, Any], mounted: MountedRefs) -> str:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
                 and condition.get("reason") == "Unschedulable":
             return f"the workspace pod cannot be scheduled: {condition.get('message', '')}"
-    for container in status.get("containerStatuses") or []:
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in _STUCK_WAITING:
             message = waiting.get("message", "")

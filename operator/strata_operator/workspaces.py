@@ -17,24 +17,26 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import AUTO_GROUP, AUTO_VERSION
 from .redaction import REDACTOR
 from .resolve import RefError
 from .sources import (FluxArtifact, GitCredentials, GitHubApp, SourceError, download_artifact, git_branch_head,
                       git_checkout, safe_extract, subdir)
 from .spec import SpecInvalid, SpecIssue, workspace_mounts
+from .workspace_config import ConfigItem, ConfigUnavailable, config_values
 
-AUTO_GROUP, AUTO_VERSION = "auto.pulumi.com", "v1alpha1"
 DEFAULT_SECURITY_PROFILE = "restricted"  # the CRD's default: on every Workspace, set or not
 # What PKO puts on its workspace pod, and only there.
 POD_FIELDS = ("image", "imagePullPolicy", "resources", "podTemplate", "serviceTemplate", "pulumiLogLevel")
 # fieldRef paths a Workspace's env may use here: what PKO's pod would read from itself.
 FIELD_REFS = ("metadata.namespace", "spec.serviceAccountName")
+# The engine's own secrets, wherever they come from.
+SECRET_VARIABLES = frozenset({"PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN"})
 _COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
-_PATH_PART = re.compile(r'\[(\d+)\]|\["((?:[^"\\]|\\.)*)"\]|\.?([^.\[\]]+)')
 
 ReadMap = Callable[[str, str], Awaitable[dict[str, str] | None]]
 
@@ -103,17 +105,6 @@ class EnvFrom:
     name: str
     prefix: str = ""
     optional: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class ConfigItem:
-    key: str
-    field: str  # where it is in the spec, for messages
-    value: Any = None
-    path: bool = False
-    from_env: str = ""
-    json: bool = False
-    secret: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,13 +263,15 @@ def parse_workspace(raw: dict[str, Any] | None) -> WorkspaceSpec:
     return WorkspaceSpec(source, str(raw.get("serviceAccountName") or "default"), env, env_from, stacks, pod)
 
 
-def not_applicable(raw: dict[str, Any] | None) -> list[str]:
-    """The spec fields the process executor accepts and cannot apply (they configure PKO's pod)."""
+def not_applicable(raw: dict[str, Any] | None, in_workspace_pods: bool = False) -> list[str]:
+    """The spec fields this executor accepts and cannot apply: the process executor runs on the operator's
+    host, so PKO's pod fields; the pod executor's pod has no Service and its own log level."""
     raw = raw or {}
-    fields = [f"spec.{key}" for key in POD_FIELDS if raw.get(key) not in (None, "", {}, [], 0)]
+    pod_fields = ("serviceTemplate", "pulumiLogLevel") if in_workspace_pods else POD_FIELDS
+    fields = [f"spec.{key}" for key in pod_fields if raw.get(key) not in (None, "", {}, [], 0)]
     if raw.get("securityProfile") not in (None, "", DEFAULT_SECURITY_PROFILE):
         fields.append("spec.securityProfile")
-    for item in raw.get("env") or []:
+    for item in (raw.get("env") or []) if not in_workspace_pods else ():
         source = item.get("valueFrom") or {}
         for kind in ("fieldRef", "resourceFieldRef", "fileKeyRef"):
             if kind in source and not (kind == "fieldRef" and source[kind].get("fieldPath") in FIELD_REFS):
@@ -286,9 +279,10 @@ def not_applicable(raw: dict[str, Any] | None) -> list[str]:
     return fields
 
 
-def backend_in_pod_volume(raw: dict[str, Any] | None, env: dict[str, str]) -> SpecIssue | None:
-    """A file:// backend inside a volume PKO's podTemplate mounts (PKO's e2e keeps state at /state): that
-    volume exists only in PKO's pod, so updates here would write the operator host's directory instead."""
+def misplaced_backend(raw: dict[str, Any] | None, env: Mapping[str, str], in_workspace_pods: bool) -> SpecIssue | None:
+    """A file:// backend (spec.env's PULUMI_BACKEND_URL) where its state would not last: inside a volume only
+    PKO's pod has, under the process executor (PKO's e2e keeps state at /state, a PVC); on no volume of the
+    pod, under the pod executor, where it would go with the pod."""
     backend = env.get("PULUMI_BACKEND_URL", "")
     if not backend.startswith("file://"):
         return None
@@ -296,13 +290,23 @@ def backend_in_pod_volume(raw: dict[str, Any] | None, env: dict[str, str]) -> Sp
     mounts = workspace_mounts({"spec": raw or {}})
     mount = next((m for m in sorted(mounts, key=len, reverse=True)
                   if path == m or path.startswith(m.rstrip("/") + "/")), None)
+    if in_workspace_pods:
+        return None if mount is not None else SpecIssue(
+            "spec.env[PULUMI_BACKEND_URL]", f"the file:// backend {backend!r} is on no volume of the workspace pod: "
+            "its state would be lost with the pod", "mount a PersistentVolumeClaim there through spec.podTemplate.spec "
+            "(volumes, and volumeMounts of the container named 'pulumi'), or use a cloud backend")
     if mount is None:
         return None
     return SpecIssue("spec.env[PULUMI_BACKEND_URL]",
                      f"the file:// backend {backend!r} is inside the volume {mounts[mount]!r} that spec.podTemplate "
                      f"mounts at {mount} in PKO's workspace pod; the process executor runs on the operator's host, "
                      "which has no such volume", "use a backend the operator's host can reach (a file:// directory "
-                     "of its own, or a cloud backend)")
+                     "of its own, or a cloud backend), or run the operator with --executor pod")
+
+
+def literal_env(spec: WorkspaceSpec) -> dict[str, str]:
+    """spec.env's plain values: what the operator knows of a pod executor's workspace environment."""
+    return {var.name: var.value for var in spec.env if not (var.secret or var.config_map or var.field_path)}
 
 
 # --- env and config ---------------------------------------------------------------------------
@@ -357,7 +361,7 @@ async def resolve_env(spec: WorkspaceSpec, namespace: str, read_secret: ReadMap,
             if kind == "Secret":
                 REDACTOR.add(data[ref.key])
             put(var.name, data[ref.key], kind == "Secret")
-    for name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN"):
+    for name in sorted(SECRET_VARIABLES):
         if name in env:
             REDACTOR.add(env[name])
             secret.add(name)
@@ -400,80 +404,13 @@ async def git_credentials(auth: GitAuthRefs | None, namespace: str, read_secret:
     return creds
 
 
-def parse_config_path(key: str) -> list[str | int]:
-    """Pulumi's config path syntax (`pulumi config set --path`): `a.b[0]`, `a["b.c"]`; the first part is the
-    config key itself (namespace included: `aws:tags.Name` -> ["aws:tags", "Name"])."""
-    parts: list[str | int] = []
-    position = 0
-    while position < len(key):
-        found = _PATH_PART.match(key, position)
-        if found is None or found.end() == position:
-            raise ValueError(f"cannot parse the config path {key!r}")
-        index, quoted, plain = found.groups()
-        parts.append(int(index) if index is not None else
-                     quoted.replace('\\"', '"') if quoted is not None else plain)
-        position = found.end()
-    if not parts or not isinstance(parts[0], str):
-        raise ValueError(f"the config path {key!r} does not start with a key")
-    return parts
-
-
-def _path_value(text: Any) -> Any:
-    """As `pulumi config set --path` stores a string inside an object: true/false and integers typed."""
-    if text in ("true", "false"):
-        return text == "true"
-    if isinstance(text, str) and re.fullmatch(r"-?(0|[1-9][0-9]*)", text):
-        return int(text)
-    return text
-
-
-def _set_path(config: dict[str, Any], parts: list[str | int], value: Any) -> None:
-    node: Any = config
-    for here, after in zip(parts, parts[1:]):
-        empty: Any = [] if isinstance(after, int) else {}
-        if isinstance(node, list):
-            assert isinstance(here, int)
-            node.extend([None] * (here + 1 - len(node)))
-            if not isinstance(node[here], (dict, list)):
-                node[here] = empty
-        elif not isinstance(node.get(here), (dict, list)):
-            node[here] = empty
-        node = node[here]
-    last = parts[-1]
-    if isinstance(node, list):
-        if not isinstance(last, int):
-            raise ValueError(f"{last!r} indexes a list")
-        node.extend([None] * (last + 1 - len(node)))
-    node[last] = value
-
-
 def stack_config(stack: WorkspaceStack | None, env: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """(config, secret config) of a Workspace's stack, with valueFrom.env read from the workspace's
     environment as PKO's agent does; RefError names the item."""
-    config: dict[str, Any] = {}
-    secrets: dict[str, str] = {}
-    for item in stack.config if stack else ():
-        value = item.value
-        if item.from_env:
-            if item.from_env not in env:
-                raise RefError(f"{item.field}.valueFrom.env: missing value for environment variable: {item.from_env}")
-            value = env[item.from_env]
-            if item.json:
-                try:
-                    value = json.loads(value)
-                except ValueError:
-                    raise RefError(f"{item.field}.valueFrom.json: the variable {item.from_env} is not JSON") from None
-        if item.secret:
-            secrets[item.key] = value if isinstance(value, str) else json.dumps(value)
-            REDACTOR.add(secrets[item.key])
-        elif item.path:
-            try:
-                _set_path(config, parse_config_path(item.key), _path_value(value))
-            except ValueError as err:
-                raise RefError(f"{item.field}.key: {err}") from None
-        else:
-            config[item.key] = value
-    return config, secrets
+    try:
+        return config_values(stack.config if stack else (), env)
+    except ConfigUnavailable as err:
+        raise RefError(str(err)) from None
 
 
 # --- the program on disk ----------------------------------------------------------------------

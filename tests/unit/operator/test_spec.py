@@ -133,8 +133,8 @@ def test_pko_v2_fields_are_accepted_and_inapplicable_ones_listed():
     assert spec.config["app:tags"] == {"team": "a"}
     assert spec.config_ref["app:x"].json_ is True
     assert not_applicable_fields(raw) == ["workspaceTemplate", "workspaceReclaimPolicy"]
-    # A workspace pod honours the template and the reclaim policy, not a custom image (it has no agent).
-    assert not_applicable_fields(raw, in_workspace_pods=True) == ["workspaceTemplate.spec.image"]
+    # A workspace pod honours the template (its image too) and the reclaim policy.
+    assert not_applicable_fields(raw, in_workspace_pods=True) == []
 
 
 def test_program_requires_resource_types():

@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from strata_operator.agent import agent_engine_settings, cgroup_memory_limit, cgroup_oom_kills
+from strata_operator.bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
+from strata_operator.engine import AutomationEngine, UpdateRequest
 from strata_operator.main import build_parser, workspace_settings
 from strata_operator.podengine import source_archive
 from strata_operator.resolve import resolve_stack
 from strata_operator.spec import parse_stack_spec
-from strata_operator.workspace import (MountedRefs, RefUnavailable, WorkspacePodArgs, build_workspace_pod,
-                                       pod_problem, resolve_in_workspace, spec_hash)
+from strata_operator.workspace import (WORKSPACE_LABEL, MountedRefs, RefUnavailable, WorkspaceNames, WorkspacePodArgs,
+                                       build_workspace_pod, pod_problem, resolve_in_workspace, spec_hash)
 
 OWNER = {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": "app", "uid": "u-1", "controller": True}
 PKO_STATE_TEMPLATE = {"spec": {
@@ -28,8 +31,8 @@ PKO_STATE_TEMPLATE = {"spec": {
 
 
 def _pod(**overrides) -> dict:
-    args = {"namespace": "team", "stack": "app", "owner": OWNER, "image": "strata:1", "service_account": "app-workspace",
-            **overrides}
+    args = {"names": WorkspaceNames.of("team/app"), "owner": OWNER, "image": "strata:1",
+            "service_account": "app-workspace", **overrides}
     return build_workspace_pod(WorkspacePodArgs(**args))
 
 
@@ -59,6 +62,46 @@ def test_pko_workspace_template_merges_into_the_pod():
     assert container["resources"] == {"limits": {"memory": "512Mi"}}
     assert spec["nodeSelector"] == {"pool": "updates"}
     assert pod["metadata"]["labels"]["team"] == "alpha" and pod["metadata"]["annotations"]["note"] == "x"
+
+
+def test_an_image_of_the_template_runs_the_updates_with_the_agent_brought_in_by_an_init_container():
+    """PKO's workspace image holds `pulumi`, not Strata's agent: the operator image's bootstrap copies the
+    agent's runtime into a volume, and the image runs it through that runtime's own loader."""
+    pod = _pod(template={"spec": {"image": "team/pulumi:3", "imagePullPolicy": "Always"}})
+    spec = pod["spec"]
+    (bootstrap,) = spec["initContainers"]
+    container = spec["containers"][0]
+    assert (bootstrap["name"], bootstrap["image"]) == ("bootstrap", "strata:1")
+    assert bootstrap["command"] == ["python", "-m", "strata_operator.bundle", BUNDLE_DIR]
+    assert bootstrap["securityContext"] == container["securityContext"]
+    assert (container["image"], container["imagePullPolicy"]) == ("team/pulumi:3", "Always")
+    assert container["command"] == [*launcher(Path(BUNDLE_DIR)), "-m", "strata_operator.agent"]
+    assert container["command"][0].startswith(BUNDLE_DIR + "/lib/ld-linux")
+    assert {"name": BUNDLE_ENV, "value": BUNDLE_DIR} in container["env"]
+    assert {"name": "runtime", "mountPath": BUNDLE_DIR, "readOnly": True} in container["volumeMounts"]
+    assert {"name": "runtime", "emptyDir": {}} in spec["volumes"]
+    # The operator's own image needs none of it.
+    for same in (_pod(), _pod(template={"spec": {"image": "strata:1"}})):
+        assert "initContainers" not in same["spec"] and same["spec"]["containers"][0]["command"][0] == "python"
+
+
+def test_pkos_pod_variables_are_set_on_every_workspace_pod():
+    env = {e["name"]: e for e in _pod()["spec"]["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_SA_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.serviceAccountName"}}
+
+
+def test_a_stacks_and_a_pko_workspaces_pods_have_names_of_their_own():
+    stack, workspace = WorkspaceNames.of("team/app"), WorkspaceNames.of("team/app@workspace")
+    assert (stack.pod, stack.agent_secret, stack.service_account) == \
+        ("app-workspace", "app-workspace-agent", "app-workspace")
+    # PKO's StatefulSet pod name; its ServiceAccount is the Workspace's own (PKO's default: default).
+    assert (workspace.pod, workspace.agent_secret, workspace.service_account) == \
+        ("app-workspace-0", "app-workspace-0-agent", "")
+    assert workspace.is_workspace_object and not stack.is_workspace_object
+    assert stack.server_name == "app-workspace.team.workspace.strata"
+    pod = _pod(names=workspace, service_account="default")
+    assert pod["metadata"]["name"] == "app-workspace-0" and pod["metadata"]["labels"][WORKSPACE_LABEL] == "app"
 
 
 def test_the_spec_hash_changes_with_what_the_pod_runs_and_only_then():
@@ -177,3 +220,47 @@ def test_a_directory_of_the_workspace_pod_is_a_source_for_the_pod_executor_only(
     assert with_program.source_kind == "program"
     with pytest.raises(SpecInvalid, match=r"spec.workspaceTemplate.spec.local.dir: 'program' is not an absolute path"):
         parse_stack_spec({"stack": "dev", "workspaceTemplate": {"spec": {"local": {"dir": "program"}}}}, "team")
+
+
+def test_updates_in_a_workspace_pod_run_in_the_pods_own_environment(tmp_path):
+    """As PKO's agent runs them: the image's PATH and ENV and the template's env reach the update; the
+    agent's own variables do not; the bundle's bin (the operator's CLI, a fallback) comes last."""
+    bin_dir = tmp_path / "image-bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text("#!/bin/sh\n")
+    (bin_dir / "pulumi").chmod(0o755)
+    environ = {"PATH": f"{bin_dir}:/usr/bin", "TEAM_SETTING": "on", "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+               "STRATA_AGENT_DIR": "/var/run/strata/agent", "STRATA_ENV__TOKEN": "from-a-secret",
+               BUNDLE_ENV: BUNDLE_DIR}
+    settings = agent_engine_settings(environ, tmp_path / "workspace")
+    assert settings.pulumi_cli() == bin_dir / "pulumi"  # the image's own CLI first
+    assert settings.python_command == tuple(launcher(Path(BUNDLE_DIR)))
+    engine = AutomationEngine(settings)
+    env = engine.worker_env(UpdateRequest(stack_key="team/app", stack_name="dev", project_dir="/p",
+                                          env={"STACK_VAR": "1"}))
+    assert (env["TEAM_SETTING"], env["KUBERNETES_SERVICE_HOST"], env["STACK_VAR"]) == ("on", "10.0.0.1", "1")
+    assert not any(name.startswith("STRATA_") for name in env)
+    path = env["PATH"].split(":")
+    assert path[:3] == [str(bin_dir), "/usr/bin", f"{BUNDLE_DIR}/bin"]
+    assert env["HOME"].startswith(str(tmp_path / "workspace"))
+    # The operator image's own agent: no bundle, its own python.
+    assert agent_engine_settings({"PATH": str(bin_dir)}, tmp_path / "w").python_command == ()
+
+
+
+@pytest.mark.parametrize("files", [
+    {"memory.events": "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\n", "memory.max": "268435456\n"},  # cgroup v2
+    {"memory/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+     "memory/memory.limit_in_bytes": "268435456\n"},  # cgroup v1
+])
+def test_the_agent_reads_its_cgroups_oom_kills_and_memory_limit(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_oom_kills(tmp_path) == 2 and cgroup_memory_limit(tmp_path) == 256 << 20
+
+
+def test_no_cgroup_files_or_no_limit_read_as_unknown(tmp_path):
+    assert cgroup_oom_kills(tmp_path) is None and cgroup_memory_limit(tmp_path) is None
+    (tmp_path / "memory.max").write_text("max\n")
+    assert cgroup_memory_limit(tmp_path) is None

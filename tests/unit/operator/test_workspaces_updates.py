@@ -14,11 +14,12 @@ from strata_operator.engine import UpdateResult
 from strata_operator.redaction import REDACTOR
 from strata_operator.resolve import RefError
 from strata_operator.spec import SpecInvalid
-from strata_operator.updates import (aborted, failure_reason, finished, outputs_secret, parse_update, progressing,
-                                     set_conditions, ttl_remaining, workspace_key, workspace_ready)
-from strata_operator.workspaces import (FluxSource, GitSource, LocalSource, ProjectInfoSource, backend_in_pod_volume,
-                                        not_applicable, parse_config_path, parse_workspace, resolve_env,
-                                        stack_config)
+from strata_operator.updates import (Program, aborted, failure_reason, finished, outputs_secret, parse_update,
+                                     progressing, set_conditions, ttl_remaining, workspace_key, workspace_ready,
+                                     workspace_request)
+from strata_operator.workspace_config import ConfigItem, ConfigUnavailable, config_values, parse_config_path
+from strata_operator.workspaces import (FluxSource, GitSource, LocalSource, ProjectInfoSource, misplaced_backend,
+                                        not_applicable, parse_workspace, resolve_env, stack_config)
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
@@ -107,9 +108,23 @@ def test_stack_config_paths_env_and_secrets():
 def test_a_backend_on_a_pod_volume_is_named():
     raw = {"podTemplate": {"spec": {"containers": [{"name": "pulumi", "volumeMounts": [{"name": "state",
                                                                                         "mountPath": "/state"}]}]}}}
-    issue = backend_in_pod_volume(raw, {"PULUMI_BACKEND_URL": "file:///state/"})
+    issue = misplaced_backend(raw, {"PULUMI_BACKEND_URL": "file:///state/"}, in_workspace_pods=False)
     assert issue is not None and "inside the volume 'state'" in str(issue)
-    assert backend_in_pod_volume(raw, {"PULUMI_BACKEND_URL": "file:///srv/state"}) is None
+    assert misplaced_backend(raw, {"PULUMI_BACKEND_URL": "file:///srv/state"}, in_workspace_pods=False) is None
+    # The pod executor has the volume; state anywhere else in the pod would go with it.
+    assert misplaced_backend(raw, {"PULUMI_BACKEND_URL": "file:///state/"}, in_workspace_pods=True) is None
+    issue = misplaced_backend(raw, {"PULUMI_BACKEND_URL": "file:///srv/state"}, in_workspace_pods=True)
+    assert issue is not None and issue.path == "spec.env[PULUMI_BACKEND_URL]" and "lost with the pod" in str(issue)
+
+
+def test_under_the_pod_executor_only_the_service_and_log_level_do_not_apply():
+    raw = {"image": "team/pulumi:1", "imagePullPolicy": "Always", "resources": {"limits": {"memory": "1Gi"}},
+           "podTemplate": {"spec": {"nodeSelector": {"a": "b"}}}, "serviceTemplate": {"metadata": {"labels": {}}},
+           "pulumiLogLevel": 3, "securityProfile": "baseline",
+           "env": [{"name": "CPU", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]}
+    assert not_applicable(raw, in_workspace_pods=True) == ["spec.serviceTemplate", "spec.pulumiLogLevel",
+                                                           "spec.securityProfile"]
+    assert "spec.image" in not_applicable(raw) and "spec.env[CPU].valueFrom.resourceFieldRef" in not_applicable(raw)
 
 
 def test_update_spec_and_its_invalid_fields():
@@ -161,3 +176,27 @@ def test_workspace_readiness_and_engine_key():
     assert workspace_ready(ws)
     assert not workspace_ready({**ws, "status": {**ws["status"], "observedGeneration": 1}})
     assert workspace_key("ns", "ws") == "ns/ws@workspace"
+
+
+def test_under_the_pod_executor_a_workspaces_pod_reads_its_own_environment_and_config():
+    """The operator hands the pod the Workspace's spec and leaves every value to it: no env, no config
+    values, only the items to resolve there and the names whose values it must mask."""
+    raw = {"serviceAccountName": "deployer", "image": "team/pulumi:3", "local": {"dir": "/program"},
+           "env": [{"name": "PULUMI_BACKEND_URL", "value": "file:///state"},
+                   {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "t"}}}],
+           "stacks": [{"name": "dev", "secretsProvider": "passphrase",
+                       "config": [{"key": "greeting", "valueFrom": {"env": "GREETING"}},
+                                  {"key": "size", "value": "3"}]}]}
+    spec = parse_workspace(raw)
+    request = workspace_request("team", "ws", raw, spec, Program(local_dir="/program"), stack_name="dev", refresh=True)
+    assert (request.stack_key, request.stack_name, request.local_dir) == ("team/ws@workspace", "dev", "/program")
+    assert request.workspace_template == {"spec": raw} and request.service_account == "deployer"
+    assert request.env == {} and request.config == {} and request.refresh
+    assert [ConfigItem.from_json(i).key for i in request.env_config] == ["greeting", "size"]
+    assert request.secrets_provider == "passphrase"
+    assert request.secret_env == ("PULUMI_ACCESS_TOKEN", "PULUMI_CONFIG_PASSPHRASE", "TOKEN")
+    # What the agent makes of the items, from the pod's environment.
+    config, secrets = config_values(map(ConfigItem.from_json, request.env_config), {"GREETING": "hi"})
+    assert (config, secrets) == ({"greeting": "hi", "size": "3"}, {})
+    with pytest.raises(ConfigUnavailable, match=r"spec.stacks\[0\].config\[0\].valueFrom.env: missing value"):
+        config_values(map(ConfigItem.from_json, request.env_config), {})
