@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
+import io
 import json
 import os
 import signal
 import ssl
 import subprocess
+import tarfile
 import urllib.error
 import urllib.request
 import uuid
@@ -29,6 +32,7 @@ from strata_components.local import processes, realnode
 from strata_components.local.kube import http_ok
 from strata_components.local.operator_host import operator_host
 from strata_components.local.platform import subprocess_ok
+from strata_components.local.images import ImageArchive, build_image_config, load_image, write_oci_archive
 from strata_operator.workspace import AGENT_PORT, CONTAINER, RUN_AS
 
 TEAMS = ("alpha", "beta")
@@ -343,24 +347,183 @@ outputs:
 """
 
 
+def _create_stack_from_volume(core: client.CoreV1Api, custom: client.CustomObjectsApi, namespace: str, name: str,
+                              project: str, **spec_fields) -> None:
+    """A Stack whose program is a ConfigMap mounted at /program in its workspace pod (local.dir), its state
+    in the team's volume at /state/<name>."""
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": name}, "data": {"Pulumi.yaml": project}})
+    spec = _stack_spec()
+    del spec["programRef"]
+    spec["backend"] = f"file:///state/{name}"
+    workspace = spec["workspaceTemplate"]["spec"]
+    workspace["local"] = {"dir": "/program"}
+    workspace["podTemplate"]["spec"]["volumes"].append({"name": "program", "configMap": {"name": name}})
+    workspace["podTemplate"]["spec"]["containers"][0]["volumeMounts"].append({"name": "program",
+                                                                              "mountPath": "/program"})
+    for key, value in spec_fields.items():
+        (workspace if key == "resources" else spec)[key] = value
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
+
+
 def test_a_program_in_a_volume_of_the_workspace_pod_runs_from_local_dir(teams, kube_client):
     """PKO v2's workspaceTemplate.spec.local.dir: the program is a directory of the pod (here a ConfigMap
     volume, read-only), nothing is uploaded."""
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
     namespace = teams["alpha"]["namespace"]
-    core.create_namespaced_config_map(namespace, {"metadata": {"name": "program"},
-                                                  "data": {"Pulumi.yaml": LOCAL_PROJECT}})
-    spec = _stack_spec()
-    del spec["programRef"]
-    spec["backend"] = "file:///state/from-volume"
-    workspace = spec["workspaceTemplate"]["spec"]
-    workspace["local"] = {"dir": "/program"}
-    workspace["podTemplate"]["spec"]["volumes"].append({"name": "program", "configMap": {"name": "program"}})
-    workspace["podTemplate"]["spec"]["containers"][0]["volumeMounts"].append({"name": "program",
-                                                                              "mountPath": "/program"})
-    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
-        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "from-volume"}, "spec": spec})
+    _create_stack_from_volume(core, custom, namespace, "from-volume", LOCAL_PROJECT)
     stack = _wait(custom, namespace, _ready, "the local.dir Stack Ready", name="from-volume")
     assert stack["status"]["outputs"] == {"greeting": "from a volume"}
     assert stack["status"]["lastUpdate"]["lastSuccessfulCommit"] == "local:/program"
     assert "ignoredFields" not in stack["status"]
+
+
+@pytest.fixture(scope="module")
+def team_image(toolchain, node, tmp_path_factory) -> dict:
+    """A team's workspace image as PKO's are (`pulumi` and its YAML host on PATH), built FROM scratch: no
+    shell, no Python, no C library. Only its marker file tells it apart."""
+    work = tmp_path_factory.mktemp("team-image")
+    marker = f"team-image-{uuid.uuid4().hex[:8]}"
+    layer = work / "layer.tar"
+    with tarfile.open(layer, "w") as tar:
+        for name in ("pulumi", "pulumi-language-yaml"):
+            tar.add(toolchain.bin(name), arcname=f"usr/local/bin/{name}")
+        for name, text in (("etc/team-image", marker), ("etc/passwd", f"team:x:{RUN_AS}:{RUN_AS}::/tmp:/none\n"),
+                           ("etc/group", f"team:x:{RUN_AS}:\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(text), 0o644
+            tar.addfile(info, io.BytesIO(text.encode()))
+        tmp = tarfile.TarInfo("tmp")
+        tmp.type, tmp.mode = tarfile.DIRTYPE, 0o1777
+        tar.addfile(tmp)
+    name = f"strata.local/team-pulumi:{marker.removeprefix('team-image-')}"
+    config = build_image_config(entrypoint=["/usr/local/bin/pulumi"], env={"PATH": "/usr/local/bin"},
+                                user=str(RUN_AS), workdir="/tmp", layer_digest=f"sha256:{_sha256(layer)}")
+    write_oci_archive(layer, config, name, work / "image.tar")
+    load_image(ImageArchive(name, work / "image.tar"), node.containerd_socket)
+    return {"name": name, "marker": marker}
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+WORKSPACE_PROJECT = """name: team-workspace
+runtime: yaml
+config:
+  greeting: {type: string}
+variables:
+  image:
+    fn::readFile: /etc/team-image
+resources:
+  note: {type: "pulumi:index:Stash", properties: {input: "${greeting}"}}
+outputs:
+  image: ${image}
+  greeting: ${note.input}
+"""
+
+
+def _condition(obj: dict, kind: str) -> dict:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == kind), {})
+
+
+def _wait_auto(custom: client.CustomObjectsApi, namespace: str, plural: str, name: str, check, what: str,
+               timeout: float = 300) -> dict:
+    last = {}
+
+    def probe():
+        last["obj"] = custom.get_namespaced_custom_object("auto.pulumi.com", "v1alpha1", namespace, plural, name)
+        return last["obj"] if check(last["obj"]) else None
+
+    try:
+        return processes.wait_until(probe, timeout, what, interval=1)
+    except processes.ProcessError:
+        raise AssertionError(f"{what}: {json.dumps((last.get('obj') or {}).get('status'), indent=1)}") from None
+
+
+def test_a_pko_workspace_runs_its_updates_in_its_own_pod_from_the_image_it_names(teams, kube_client, team_image):
+    """PKO v2's Workspace under the pod executor: its pod (`<name>-workspace-0`, as PKO's StatefulSet names
+    it) runs the Workspace's image, which has no Python, with the agent brought in by the operator
+    image's init container; it runs as the Workspace's ServiceAccount, reads its Secrets itself (env and
+    a stack config value from env), and an Update runs `up` in it."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = teams["alpha"]["namespace"]
+    greeting = f"hello-{uuid.uuid4().hex[:8]}"
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "greeting"}, "stringData": {"text": greeting}})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "ws-program"},
+                                                  "data": {"Pulumi.yaml": WORKSPACE_PROJECT}})
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "deployer"}})
+    custom.create_namespaced_custom_object("auto.pulumi.com", "v1alpha1", namespace, "workspaces", {
+        "apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "ws"},
+        "spec": {
+            "serviceAccountName": "deployer", "image": team_image["name"], "imagePullPolicy": "Never",
+            "local": {"dir": "/program"},
+            "env": [{"name": "PULUMI_BACKEND_URL", "value": "file:///state/ws"},
+                    {"name": "PULUMI_CONFIG_PASSPHRASE",
+                     "valueFrom": {"secretKeyRef": {"name": "pulumi", "key": "passphrase"}}},
+                    {"name": "GREETING", "valueFrom": {"secretKeyRef": {"name": "greeting", "key": "text"}}}],
+            "stacks": [{"name": "dev", "config": [{"key": "greeting", "valueFrom": {"env": "GREETING"}}]}],
+            "podTemplate": {"spec": {
+                "containers": [{"name": "pulumi", "volumeMounts": [{"name": "state", "mountPath": "/state"},
+                                                                   {"name": "program", "mountPath": "/program"}]}],
+                "volumes": [{"name": "state", "persistentVolumeClaim": {"claimName": "state"}},
+                            {"name": "program", "configMap": {"name": "ws-program"}}]}}}})
+    _wait_auto(custom, namespace, "workspaces", "ws", lambda w: _condition(w, "Ready").get("status") == "True",
+               "the Workspace Ready with its pod")
+    pod = core.read_namespaced_pod("ws-workspace-0", namespace)
+    assert pod.spec.service_account_name == "deployer"
+    assert [(o.kind, o.name) for o in pod.metadata.owner_references] == [("Workspace", "ws")]
+    assert pod.spec.containers[0].image == team_image["name"]
+    assert [c.name for c in pod.spec.init_containers] == ["bootstrap"]
+    copied = core.read_namespaced_pod_log("ws-workspace-0", namespace, container="bootstrap")
+    assert copied.startswith("agent runtime: "), copied
+    print(copied.strip())
+    custom.create_namespaced_custom_object("auto.pulumi.com", "v1alpha1", namespace, "updates", {
+        "apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Update", "metadata": {"name": "ws-up"},
+        "spec": {"workspaceName": "ws", "stackName": "dev", "type": "up"}})
+    update = _wait_auto(custom, namespace, "updates", "ws-up", lambda u: _condition(u, "Complete").get("status") == "True",
+                        "the Update complete")
+    assert _condition(update, "Failed")["status"] == "False", update["status"]
+    outputs = core.read_namespaced_secret("ws-up-stack-outputs", namespace).data
+    assert json.loads(base64.b64decode(outputs["image"])) == team_image["marker"]  # read in the team's image
+    assert json.loads(base64.b64decode(outputs["greeting"])) == greeting  # from the pod's own Secret env
+    # The operator never read the Workspace's Secrets: it saw the greeting only as the output it wrote.
+    host = teams["host"]
+    assert teams["alpha"]["passphrase"] not in host.log.read_text(errors="replace")
+    assert greeting not in host.log.read_text(errors="replace")
+
+
+READER_PROJECT = """name: reader
+runtime: yaml
+config:
+  path: {type: string}
+variables:
+  content:
+    fn::readFile: ${path}
+outputs:
+  content: ${content}
+"""
+
+
+def test_an_update_that_runs_out_of_memory_says_so_and_converges_once_fixed(teams, kube_client):
+    """Reading /dev/zero grows the YAML host until the kernel kills it at the pod's memory limit: the
+    Stack's status and an Event say so and name the field that raises it; nothing is left locked, and
+    the fixed spec updates at once."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = teams["beta"]["namespace"]
+    _create_stack_from_volume(core, custom, namespace, "reader", READER_PROJECT, config={"path": "/dev/zero"},
+                              resources={"requests": {"cpu": "100m", "memory": "192Mi"},
+                                         "limits": {"memory": "512Mi"}})
+    stack = _wait(custom, namespace, lambda s: ((s.get("status") or {}).get("lastUpdate") or {}).get("reason")
+                  == "OutOfMemory", "the update reported out of memory", name="reader")
+    message = stack["status"]["lastUpdate"]["message"]
+    assert "ran out of memory" in message and "limit of 512 MiB" in message, message
+    assert "raise spec.workspaceTemplate.spec.resources.limits.memory" in message, message
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=reader").items
+    assert any("ran out of memory" in (e.message or "") for e in events), [e.message for e in events]
+    custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "reader",
+                                          {"spec": {"config": {"path": "/etc/hostname"}}})
+    stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("content"),
+                  "the fixed Stack Ready", name="reader")
+    assert stack["status"]["outputs"]["content"].strip() == "reader-workspace"  # the pod's hostname
+    assert not list((teams["beta"]["state"] / "reader" / ".pulumi" / "locks").rglob("*.json"))
