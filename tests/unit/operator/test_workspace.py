@@ -11,12 +11,12 @@ import pytest
 
 from strata_operator.agent import agent_engine_settings, cgroup_memory_limit, cgroup_oom_kills
 from strata_operator.bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
-from strata_operator.engine import AutomationEngine, UpdateRequest
+from strata_operator.engine import AutomationEngine, EngineSettings, UpdateRequest
 from strata_operator.main import build_parser, workspace_settings
-from strata_operator.podengine import source_archive
+from strata_operator.podengine import PodEngine, Workspace, WorkspaceSettings, source_archive
 from strata_operator.resolve import resolve_stack
 from strata_operator.spec import parse_stack_spec
-from strata_operator.workspace import (WORKSPACE_LABEL, MountedRefs, RefUnavailable, WorkspaceNames, WorkspacePodArgs,
+from strata_operator.workspace import (CONTAINER, WORKSPACE_LABEL, MountedRefs, RefUnavailable, WorkspaceNames, WorkspacePodArgs,
                                        build_workspace_pod, pod_problem, resolve_in_workspace, spec_hash)
 
 OWNER = {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": "app", "uid": "u-1", "controller": True}
@@ -264,3 +264,40 @@ def test_no_cgroup_files_or_no_limit_read_as_unknown(tmp_path):
     assert cgroup_oom_kills(tmp_path) is None and cgroup_memory_limit(tmp_path) is None
     (tmp_path / "memory.max").write_text("max\n")
     assert cgroup_memory_limit(tmp_path) is None
+
+
+class _PodReader:
+    """Answers get_pod with one pod's state as the API server reports it (the only call `_lost` makes)."""
+
+    def __init__(self, pod: dict):
+        self.pod = pod
+
+    async def get_pod(self, namespace: str, name: str) -> dict:
+        return self.pod
+
+
+def _lost_pod(reason: str, restarts: int) -> dict:
+    return {"metadata": {"uid": "pod-1"}, "status": {"containerStatuses": [{
+        "name": CONTAINER, "restartCount": restarts,
+        "lastState": {"terminated": {"reason": reason, "exitCode": 137}}}]}}
+
+
+@pytest.mark.parametrize("key, field", [("team/app", "spec.workspaceTemplate.spec.resources.limits.memory"),
+                                        ("team/ws@workspace", "spec.resources.limits.memory")])
+def test_a_workspace_container_oom_killed_mid_update_fails_with_backoff_not_rerun_at_once(tmp_path, key, field):
+    """Under cgroup v2 the kernel kills the whole container (memory.oom.group): run again at once, it
+    would be killed again, so it is OutOfMemory (backoff) rather than UpdateInterrupted; the lost run's
+    lock is still cleared before the next operation."""
+    settings = EngineSettings(state_dir=tmp_path, pulumi_command="/bin/true")
+    request = UpdateRequest(stack_key=key, stack_name="dev", project_dir="/p")
+    names = WorkspaceNames.of(key)
+    lost = Workspace(pod=names.pod, uid="pod-1", address="https://10.0.0.9:8443", server_name=names.server_name,
+                     tls=None, token="t", restarts=0)  # type: ignore[arg-type]
+    engine = PodEngine(settings, WorkspaceSettings(image="strata:1"), _PodReader(_lost_pod("OOMKilled", 1)))
+    result = asyncio.run(engine._lost(request, "up", lost, ConnectionResetError("reset"), 0.0, 1000.0))
+    assert result.reason == "OutOfMemory" and f"raise {field}" in result.message
+    assert "restarted (OOMKilled (exit code 137))" in result.message
+    assert engine._interrupted[key] == (names.pod, 1000.0)
+    engine = PodEngine(settings, WorkspaceSettings(image="strata:1"), _PodReader(_lost_pod("Error", 1)))
+    result = asyncio.run(engine._lost(request, "up", lost, ConnectionResetError("reset"), 0.0, 1000.0))
+    assert result.reason == "UpdateInterrupted" and result.message.endswith("it is run again")
