@@ -39,8 +39,9 @@ from .sources import SourceError, project_info
 from .spec import SpecInvalid, SpecIssue, parse_duration
 from .status import WORKSPACE_FAILED, rfc3339
 from .workspace import WORKSPACE_SUFFIX
-from .workspaces import (AUTO_GROUP, AUTO_VERSION, SECRET_VARIABLES, LocalSource, WorkspaceSpec, git_credentials, literal_env,
-                         materialise, misplaced_backend, not_applicable, parse_workspace, resolve_env, stack_config)
+from .workspaces import (AUTO_GROUP, AUTO_VERSION, SECRET_VARIABLES, LocalSource, WorkspaceSpec, git_credentials,
+                         literal_env, materialise, misplaced_backend, not_applicable, parse_workspace, resolve_env,
+                         stack_config)
 
 UPDATE_TYPES = ("preview", "up", "refresh", "destroy")
 PROGRESSING, FAILED, COMPLETE, READY, STALLED = "Progressing", "Failed", "Complete", "Ready", "Stalled"
