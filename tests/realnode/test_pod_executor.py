@@ -493,6 +493,33 @@ def test_a_pko_workspace_runs_its_updates_in_its_own_pod_from_the_image_it_names
     assert greeting not in host.log.read_text(errors="replace")
 
 
+def test_a_workspace_whose_image_cannot_start_says_why_and_recovers_once_fixed(teams, kube_client, team_image):
+    """PKO's e2e issue-801: a Workspace naming an image that does not exist is not Ready, saying why; fixing
+    the image replaces the pod and it turns Ready."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = teams["beta"]["namespace"]
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "issue-801"},
+                                                  "data": {"Pulumi.yaml": LOCAL_PROJECT}})
+    custom.create_namespaced_custom_object("auto.pulumi.com", "v1alpha1", namespace, "workspaces", {
+        "apiVersion": "auto.pulumi.com/v1alpha1", "kind": "Workspace", "metadata": {"name": "issue-801"},
+        "spec": {"image": "strata.local/no-such-image:1", "imagePullPolicy": "Never", "local": {"dir": "/program"},
+                 "env": [{"name": "PULUMI_BACKEND_URL", "value": "file:///state/"},
+                         {"name": "PULUMI_CONFIG_PASSPHRASE", "value": "test"}],
+                 "podTemplate": {"spec": {
+                     "containers": [{"name": "pulumi", "volumeMounts": [
+                         {"name": "state", "mountPath": "/state"}, {"name": "program", "mountPath": "/program"}]}],
+                     "volumes": [{"name": "state", "emptyDir": {}},
+                                 {"name": "program", "configMap": {"name": "issue-801"}}]}}}})
+    failing = _wait_auto(custom, namespace, "workspaces", "issue-801",
+                         lambda w: _condition(w, "Ready").get("reason") == "WorkspaceFailed", "the Workspace failing")
+    assert "ErrImageNeverPull" in _condition(failing, "Ready")["message"], failing["status"]
+    custom.patch_namespaced_custom_object("auto.pulumi.com", "v1alpha1", namespace, "workspaces", "issue-801",
+                                          {"spec": {"image": team_image["name"]}})
+    _wait_auto(custom, namespace, "workspaces", "issue-801",
+               lambda w: _condition(w, "Ready").get("status") == "True", "the fixed Workspace Ready")
+    assert core.read_namespaced_pod("issue-801-workspace-0", namespace).spec.containers[0].image == team_image["name"]
+
+
 READER_PROJECT = """name: reader
 runtime: yaml
 config:
