@@ -268,6 +268,13 @@ class SerializedEngine:
         lock = self._locks.get(stack_key)
         return lock is not None and lock.locked()
 
+    def forget(self, stack_key: str) -> None:
+        """The object is gone: its lock goes too, unless an operation still holds it (a fleet's churn
+        would otherwise keep one per Stack ever seen)."""
+        lock = self._locks.get(stack_key)
+        if lock is not None and not lock.locked():
+            del self._locks[stack_key]
+
     async def run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         REDACTOR.add(*request.secret_config.values())
         lock = self._locks.setdefault(request.stack_key, asyncio.Lock())

@@ -867,7 +867,9 @@ async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Me
 
 
 @kopf.on.event(GROUP, VERSION, "stacks")
-def stack_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def stack_changed(namespace: str, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":
+        memo.ctx.engine.forget(_key(namespace, name))
     registry: Registry = memo.ctx.registry
     registry.wake(namespace, name, body)
     registry.wake_where(namespace, lambda w: name in w.prerequisites)

@@ -126,6 +126,12 @@ class PodEngine(SerializedEngine):
                 return redact(str(err))
         return ""
 
+    def forget(self, stack_key: str) -> None:
+        super().forget(stack_key)
+        if not self.busy(stack_key):
+            self._known.pop(stack_key, None)
+            self._interrupted.pop(stack_key, None)
+
     async def cancel(self, stack_key: str) -> bool:
         workspace = self._running.get(stack_key)
         if workspace is None:

@@ -729,6 +729,7 @@ async def workspace_event(type: str | None, body: kopf.Body, namespace: str, nam
             loop.task.cancel()
         if not ctx.engine.busy(workspace_key(namespace, name)):
             shutil.rmtree(_workspace_dir(ctx, namespace, name), ignore_errors=True)
+        ctx.engine.forget(workspace_key(namespace, name))
         return
     body = dict(body)
     if workspace_ready(body) and materialised_program(ctx, body) is not None:

@@ -301,3 +301,18 @@ def test_a_workspace_container_oom_killed_mid_update_fails_with_backoff_not_reru
     engine = PodEngine(settings, WorkspaceSettings(image="strata:1"), _PodReader(_lost_pod("Error", 1)))
     result = asyncio.run(engine._lost(request, "up", lost, ConnectionResetError("reset"), 0.0, 1000.0))
     assert result.reason == "UpdateInterrupted" and result.message.endswith("it is run again")
+
+
+def test_a_deleted_objects_lock_is_forgotten_unless_an_operation_holds_it(tmp_path):
+    engine = AutomationEngine(EngineSettings(state_dir=tmp_path, pulumi_command="/bin/true"))
+
+    async def scenario() -> tuple[bool, bool]:
+        held = engine._locks.setdefault("team/busy", asyncio.Lock())
+        engine._locks.setdefault("team/idle", asyncio.Lock())
+        async with held:
+            engine.forget("team/busy")
+            engine.forget("team/idle")
+            engine.forget("team/never-seen")
+            return "team/busy" in engine._locks, "team/idle" in engine._locks
+
+    assert asyncio.run(scenario()) == (True, False)
