@@ -72,7 +72,12 @@ def deployed(platform, kube_client, operator_image) -> Iterator[dict]:
         seen = [(p.metadata.name, p.status.phase, p.status.container_statuses) for p in _operator_pods(core)]
         raise AssertionError(f"operator pods: {seen}") from None
     yield {"apply_to_ready_seconds": time.monotonic() - started}
-    client.AppsV1Api(kube_client).delete_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE)
+    client.AppsV1Api(kube_client).delete_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE,
+                                                               propagation_policy="Foreground")
+    # Gone, not only deleted: a replica still terminating handles every namespace's Stacks, and the next
+    # module's operator must be the only one (a clean-clone run saw this one stall the pod executor's Stack).
+    processes.wait_until(lambda: not core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items,
+                         180, "the in-cluster operator's pods gone")
 
 
 def test_two_replicas_ready_with_probes_answering_and_one_leader(deployed, kube_client):
