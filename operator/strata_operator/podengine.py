@@ -252,9 +252,8 @@ class PodEngine(SerializedEngine):
             self._interrupted[request.stack_key] = (names.pod, started_at)
         if pod is not None and last_termination(pod).startswith("OOMKilled") and restarted(pod) > workspace.restarts:
             # Run again at once, it would be killed again: a failure, retried with backoff once the limit is raised.
-            field = "spec.resources" if names.is_workspace_object else "spec.workspaceTemplate.spec.resources"
             return UpdateResult("failed", redact(f"{what} during the {operation}: the workspace pod ran out of "
-                                                 f"memory; raise {field}.limits.memory"),
+                                                 f"memory; raise {names.resources_field}.limits.memory"),
                                 reason=OUT_OF_MEMORY, duration=time.monotonic() - started)
         return UpdateResult("failed", redact(f"{what} during the {operation}; it is run again"),
                             reason=UPDATE_INTERRUPTED, duration=time.monotonic() - started)

@@ -160,6 +160,11 @@ class WorkspaceNames:
         return not self.service_account
 
     @property
+    def resources_field(self) -> str:
+        """The field that sets the pod's resources, for messages that say what to raise."""
+        return "spec.resources" if self.is_workspace_object else "spec.workspaceTemplate.spec.resources"
+
+    @property
     def server_name(self) -> str:
         """The name the agent's certificate is for; the operator connects to the pod's IP expecting it."""
         return f"{self.pod}.{self.namespace}.workspace.strata"
@@ -257,7 +262,7 @@ def build_workspace_pod(args: WorkspacePodArgs) -> dict[str, Any]:
                 {"name": "STRATA_AGENT_PORT", "value": str(AGENT_PORT)},
                 {"name": "STRATA_WORKSPACE", "value": WORKSPACE_DIR},
                 {"name": RESOURCES_FIELD_ENV,
-                 "value": "spec.resources" if names.is_workspace_object else "spec.workspaceTemplate.spec.resources"},
+                 "value": names.resources_field},
                 *([{"name": BUNDLE_ENV, "value": BUNDLE_DIR}] if foreign else []),
                 # As on PKO's workspace pod: programs and config (valueFrom.env) may read them.
                 {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
