@@ -565,6 +565,15 @@ def workspace_mounts(workspace_template: dict[str, Any] | None) -> dict[str, str
     return mounts
 
 
+def file_backend_mount(backend_url: str, workspace_template: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(mount path, volume name) of PKO v2's workspace pod that holds a file:// backend's directory, if any."""
+    path = backend_url.removeprefix("file://").rstrip("/") or "/"
+    mounts = workspace_mounts(workspace_template)
+    mount = next((m for m in sorted(mounts, key=len, reverse=True)
+                  if path == m or path.startswith(m.rstrip("/") + "/")), None)
+    return (mount, mounts[mount]) if mount is not None else None
+
+
 def misplaced_file_backend(spec: StackSpec, backend_url: str, in_workspace_pods: bool) -> SpecIssue | None:
     """A file:// backend where its state would not last. PKO keeps file state on a volume of its workspace
     pod (its e2e Stacks: a PersistentVolumeClaim at /state). The process executor runs updates on the
@@ -572,19 +581,17 @@ def misplaced_file_backend(spec: StackSpec, backend_url: str, in_workspace_pods:
     The pod executor has the volumes, but state anywhere else in the pod goes with the pod. Named, never run."""
     if not backend_url.startswith("file://"):
         return None
-    path = backend_url.removeprefix("file://").rstrip("/") or "/"
-    mounts = workspace_mounts(spec.workspace_template)
-    mount = next((m for m in sorted(mounts, key=len, reverse=True)
-                  if path == m or path.startswith(m.rstrip("/") + "/")), None)
+    found = file_backend_mount(backend_url, spec.workspace_template)
     field = "spec.backend" if spec.backend else "spec.envRefs.PULUMI_BACKEND_URL"
-    if in_workspace_pods and mount is None:
+    if in_workspace_pods and found is None:
         return SpecIssue(field, f"the file:// backend {backend_url!r} is on no volume of the workspace pod "
                                 "(spec.workspaceTemplate): its state would be lost with the pod",
                          "mount a PersistentVolumeClaim there through spec.workspaceTemplate.spec.podTemplate.spec "
                          "(volumes, and volumeMounts of the container named 'pulumi'), or use a cloud backend")
-    if in_workspace_pods or mount is None:
+    if in_workspace_pods or found is None:
         return None
-    return SpecIssue(field, f"the file:// backend {backend_url!r} is inside the volume {mounts[mount]!r} that PKO "
+    mount, volume = found
+    return SpecIssue(field, f"the file:// backend {backend_url!r} is inside the volume {volume!r} that PKO "
                             f"mounts at {mount} in its workspace pod (spec.workspaceTemplate); this operator runs "
                             "updates on its own host (--executor process), which has no such volume",
                      "use a backend the operator's host can reach (a file:// directory of its own, or a cloud "

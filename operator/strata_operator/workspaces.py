@@ -26,7 +26,7 @@ from .redaction import REDACTOR
 from .resolve import RefError
 from .sources import (FluxArtifact, GitCredentials, GitHubApp, SourceError, download_artifact, git_branch_head,
                       git_checkout, safe_extract, subdir)
-from .spec import SpecInvalid, SpecIssue, workspace_mounts
+from .spec import SpecInvalid, SpecIssue, file_backend_mount
 from .workspace_config import ConfigItem, ConfigUnavailable, config_values
 
 DEFAULT_SECURITY_PROFILE = "restricted"  # the CRD's default: on every Workspace, set or not
@@ -286,19 +286,17 @@ def misplaced_backend(raw: dict[str, Any] | None, env: Mapping[str, str], in_wor
     backend = env.get("PULUMI_BACKEND_URL", "")
     if not backend.startswith("file://"):
         return None
-    path = backend.removeprefix("file://").rstrip("/") or "/"
-    mounts = workspace_mounts({"spec": raw or {}})
-    mount = next((m for m in sorted(mounts, key=len, reverse=True)
-                  if path == m or path.startswith(m.rstrip("/") + "/")), None)
+    found = file_backend_mount(backend, {"spec": raw or {}})
     if in_workspace_pods:
-        return None if mount is not None else SpecIssue(
+        return None if found is not None else SpecIssue(
             "spec.env[PULUMI_BACKEND_URL]", f"the file:// backend {backend!r} is on no volume of the workspace pod: "
             "its state would be lost with the pod", "mount a PersistentVolumeClaim there through spec.podTemplate.spec "
             "(volumes, and volumeMounts of the container named 'pulumi'), or use a cloud backend")
-    if mount is None:
+    if found is None:
         return None
+    mount, volume = found
     return SpecIssue("spec.env[PULUMI_BACKEND_URL]",
-                     f"the file:// backend {backend!r} is inside the volume {mounts[mount]!r} that spec.podTemplate "
+                     f"the file:// backend {backend!r} is inside the volume {volume!r} that spec.podTemplate "
                      f"mounts at {mount} in PKO's workspace pod; the process executor runs on the operator's host, "
                      "which has no such volume", "use a backend the operator's host can reach (a file:// directory "
                      "of its own, or a cloud backend), or run the operator with --executor pod")
