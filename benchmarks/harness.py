@@ -134,7 +134,7 @@ def workspace_agents() -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"strata_operator.agent" in (entry / "cmdline").read_bytes():
+                if b"strata_operator.engine.pod.agent" in (entry / "cmdline").read_bytes():
                     found.append(int(entry.name))
             except OSError:
                 continue

@@ -3,7 +3,7 @@
 In-cluster it is a Deployment with probes and a metrics Service. In local mode (kwok nodes run
 nothing) it is a host process of the local platform, authenticated with the token of exactly the
 same ServiceAccount, so the RBAC it runs under is the RBAC that ships. CRDs and RBAC rules come
-from the `strata_operator` package (crds/*.yaml, rbac/*.yaml), never from copies.
+from the `strata_operator.api` package (crds/*.yaml, rbac/*.yaml), never from copies.
 """
 
 import importlib.resources
@@ -22,7 +22,8 @@ from .cluster import plan_change
 from .kube_objects import build_token_secret, create_object, object_key, token_from_secret_data
 from .kubeconfig import build_token_kubeconfig
 
-OPERATOR_PACKAGE = "strata_operator"
+# The operator's API room: its CRDs (crds/*.yaml) and RBAC (rbac/*.yaml) are package data there.
+OPERATOR_API_PACKAGE = "strata_operator.api"
 PROCESS_NAME = "strata-operator"
 LABELS = {"app.kubernetes.io/name": "strata-operator", "app.kubernetes.io/part-of": "strata"}
 
@@ -94,12 +95,12 @@ class OperatorArgs(TypedDict):
 
 
 def load_packaged_manifests(directory: str) -> list[dict[str, Any]]:
-    """Every YAML document in strata_operator/<directory>/*.yaml, in file-name order."""
-    root = importlib.resources.files(OPERATOR_PACKAGE) / directory
+    """Every YAML document in strata_operator/api/<directory>/*.yaml, in file-name order."""
+    root = importlib.resources.files(OPERATOR_API_PACKAGE) / directory
     files = sorted((entry for entry in root.iterdir() if entry.name.endswith(".yaml")), key=lambda e: e.name) \
         if root.is_dir() else []
     if not files:
-        raise FileNotFoundError(f"no {OPERATOR_PACKAGE}/{directory}/*.yaml found; is strata installed completely?")
+        raise FileNotFoundError(f"no {OPERATOR_API_PACKAGE}/{directory}/*.yaml found; is strata installed completely?")
     return [document for entry in files for document in yaml.safe_load_all(entry.read_text()) if document]
 
 
@@ -138,7 +139,7 @@ def build_operator_rbac(namespace: str, service_account: str, packaged: Sequence
                         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
                         "subjects": subject})
     if not any(item["kind"] == "ClusterRole" for item in objects):
-        raise ValueError(f"{OPERATOR_PACKAGE}/rbac/*.yaml has no ClusterRole: the operator could not watch Stacks")
+        raise ValueError(f"{OPERATOR_API_PACKAGE}/rbac/*.yaml has no ClusterRole: the operator could not watch Stacks")
     return objects
 
 

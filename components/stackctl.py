@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 GROUP, VERSION, PLURAL = "pulumi.com", "v1", "stacks"
-# The annotation the operator honours (strata_operator.RECONCILE_REQUEST_ANNOTATION), as PKO does.
+# The annotation the operator honours (strata_operator.api.RECONCILE_REQUEST_ANNOTATION), as PKO does.
 RECONCILE_REQUEST = "pulumi.com/reconciliation-request"
-# Where a worker leaves the last engine run's output, beside the Stack's home (strata_operator.worker).
+# Where a worker leaves the last engine run's output, beside the Stack's home (strata_operator.engine.process.worker).
 UPDATE_LOG = "last-update.json"
 KSTATUS = ("Ready", "Stalled", "Reconciling")
-# The Ready reason of a suspended Stack (strata_operator.status.SUSPENDED).
+# The Ready reason of a suspended Stack (strata_operator.api.status.SUSPENDED).
 SUSPENDED = "Suspended"
-# The annotation that approves a saved plan (strata_operator.approval.APPROVE_ANNOTATION).
+# The annotation that approves a saved plan (strata_operator.decisions.approval.APPROVE_ANNOTATION).
 APPROVE = "strata.dev/approve"
 DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?$")
 
@@ -262,7 +262,7 @@ class Cluster:
             if err.status == 404:
                 raise StackCtlError(not_found or f"{what}: the API server at {self.server} does not serve "
                                     "pulumi.com/v1 Stacks; install the operator's CRDs "
-                                    "(operator/strata_operator/crds)") from None
+                                    "(operator/strata_operator/api/crds)") from None
             if err.status == 403:
                 raise StackCtlError(f"{what}: forbidden for this kubeconfig's user ({self.server}): "
                                     f"{_api_message(err)}") from None

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from strata_operator.status import RECONCILING_RETRY
+from strata_operator.api.status import RECONCILING_RETRY
 
 from . import stackwatch
 from .operator_host import OPERATOR_NAMESPACE

@@ -59,7 +59,7 @@ def stack_key(obj: Mapping[str, Any]) -> str:
     return where if kind == "Stack" else f"{kind.lower()} {where}"
 
 
-# The Stalled reasons the operator's finalizer writes (strata_operator.status): the destroy cannot go on.
+# The Stalled reasons the operator's finalizer writes (strata_operator.api.status): the destroy cannot go on.
 DESTROY_STALLS = frozenset({"DestroyBlocked", "NamespaceTerminating"})
 
 

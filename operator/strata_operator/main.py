@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib
 import logging
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from .flux_events import check_address
-from .engine import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings, EngineUnavailable
-from .lease import DEFAULT_LEASE_NAME
-from .memory import start_trimming
-from .planning import DEFAULT_STALL_AFTER_FAILURES
-from .plugins import default_plugin_cache
-from .podengine import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
-from .spec import MIN_RESYNC_SECONDS
+from .api.stack import MIN_RESYNC_SECONDS
+from .decisions.lease import DEFAULT_LEASE_NAME
+from .decisions.planning import DEFAULT_STALL_AFTER_FAILURES
+from .engine.pod.executor import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
+from .engine.port import EngineUnavailable
+from .engine.process.executor import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
+from .engine.process.plugins import default_plugin_cache
+from .services.flux_events import check_address
+from .services.memory import start_trimming
+
+# The modules whose Kopf handlers the operator runs, in the order they register: startup handlers run
+# in it, so leadership's, which waits until this process leads, comes last.
+HANDLER_MODULES = (
+    "controllers.startup",  # settings, the engine, metrics
+    "controllers.stack", "controllers.program",  # pulumi.com Stacks and Programs
+    "controllers.auto_state", "controllers.workspace", "controllers.update",  # PKO v2's Workspace and Update
+    "services.kopf_login",  # Kopf's API session, with a bound on its connections
+    "controllers.leadership",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,12 +133,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (without the program name) and run the operator until interrupted."""
     import kopf
 
-    from . import handlers  # noqa: F401 - importing registers the Kopf handlers
-    from . import updates  # noqa: F401 - PKO v2's Workspace and Update (auto.pulumi.com)
-    from . import kopf_login  # noqa: F401 - Kopf's API session, with a bound on its connections
-    from . import leadership  # noqa: F401 - registered after handlers: its startup handler waits last
-    from .handlers import OperatorSettings
-    from .leadership import ElectionSettings, check_settings
+    for module in HANDLER_MODULES:  # importing one registers its Kopf handlers
+        importlib.import_module(f"{__package__}.{module}")
+    from .controllers.context import OperatorSettings
+    from .controllers.leadership import ElectionSettings, check_settings
 
     args = build_parser().parse_args(argv)
     if args.concurrency is None:

@@ -33,7 +33,7 @@ from strata_components.local.kube import http_ok
 from strata_components.local.operator_host import operator_host
 from strata_components.local.platform import subprocess_ok
 from strata_components.local.images import ImageArchive, build_image_config, load_image, write_oci_archive
-from strata_operator.workspace import AGENT_PORT, CONTAINER, RUN_AS
+from strata_operator.engine.pod.workspace_pod import AGENT_PORT, CONTAINER, RUN_AS
 
 TEAMS = ("alpha", "beta")
 STATE_ROOT = Path("/var/lib/strata-test-workspaces")
@@ -205,7 +205,7 @@ def test_a_team_cannot_read_the_other_teams_secrets_state_or_identity_nor_the_op
         assert theirs["passphrase"] not in seen["environ"] and theirs["canary"] not in seen["environ"]
         # The operator is no process it can see (its argv has these flags); the agent is.
         assert "--kubeconfig" not in seen["cmdlines"] and "--state-dir" not in seen["cmdlines"]
-        assert "strata_operator.agent" in seen["cmdlines"]
+        assert "strata_operator.engine.pod.agent" in seen["cmdlines"]
         # Only its own state; the other team's volume, the host's state root and the operator's state
         # directory do not exist in its filesystem.
         assert seen["state"] and all(path is False for path in seen["paths"].values()), seen["paths"]

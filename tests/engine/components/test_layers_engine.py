@@ -37,7 +37,7 @@ from strata_components.bootstrap_config import platform_stack_spec
 from strata_components.handoff import build_handoff_program
 from strata_components.layers import HANDOFF_PROJECT, derive_team_passphrase, handoff_stack
 from strata_components.stack import build_program_body
-from strata_operator.sources import write_program_project
+from strata_operator.sources.project import write_program_project
 from tests.engine.workspace import inline_stack, state_text, workspace_options
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.engine import AutomationEngine, EngineSettings, UpdateRequest
+from strata_operator.engine.port import UpdateRequest
+from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
 
 pytestmark = pytest.mark.engine
 
@@ -183,7 +184,7 @@ def test_a_dead_fork_server_is_replaced(engine, tmp_path):
 
 
 def test_a_saved_plan_applies_exactly_and_a_strayed_one_is_refused(engine, tmp_path):
-    from strata_operator.approval import plan_refused
+    from strata_operator.decisions.approval import plan_refused
 
     plan = tmp_path / "plan.json"
     saved = asyncio.run(engine.preview(request(tmp_path, plan_file=str(plan))))

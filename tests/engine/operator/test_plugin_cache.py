@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.engine import AutomationEngine, EngineSettings, UpdateRequest
+from strata_operator.engine.port import UpdateRequest
+from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
 
 pytestmark = pytest.mark.engine
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.sources import DEFAULT_MAX_ARTIFACT_BYTES, DEFAULT_MAX_UNPACKED_BYTES
+from strata_operator.sources.archive import DEFAULT_MAX_UNPACKED_BYTES
+from strata_operator.sources.flux import DEFAULT_MAX_ARTIFACT_BYTES
 
 from .conftest import stash_project
 

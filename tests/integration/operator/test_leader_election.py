@@ -23,7 +23,7 @@ from kubernetes import client
 
 from strata_components.local import processes
 from strata_components.local.operator_host import OPERATOR_NAMESPACE, operator_host
-from strata_operator.lease import LEASE_DURATION_SECONDS, RENEW_DEADLINE_SECONDS, micro_time
+from strata_operator.decisions.lease import LEASE_DURATION_SECONDS, RENEW_DEADLINE_SECONDS, micro_time
 
 from .conftest import MIN_RESYNC_SECONDS, STALL_AFTER_FAILURES, Operator, eventually_constant, stash_program
 

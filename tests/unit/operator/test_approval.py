@@ -1,8 +1,8 @@
 """Manual approval: when to preview a plan, apply it or wait, what the Stack says, and how plans are kept."""
 
-from strata_operator.approval import (AWAITING_APPROVAL, PlanIdentity, approval_gate, inputs_digest, plan_chunks,
-                                      plan_digest, plan_refused, plan_status)
-from strata_operator.status import changes_text, has_changes
+from strata_operator.decisions.approval import (AWAITING_APPROVAL, PlanIdentity, approval_gate, inputs_digest,
+                                                plan_chunks, plan_digest, plan_refused, plan_status)
+from strata_operator.api.status import changes_text, has_changes
 
 INPUTS = inputs_digest({"region": "eu"}, {"token": "s3cret"}, {"PULUMI_CONFIG_PASSPHRASE": "p"})
 CURRENT = PlanIdentity(3, "abc123", "", INPUTS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from strata_operator.bundle import LOADER, launcher, parse_ldd, top_level_entries
+from strata_operator.engine.pod.bundle import LOADER, launcher, parse_ldd, top_level_entries
 
 LDD = """\tlinux-vdso.so.1 (0x00007ffd1d9f2000)
 \tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x00007f8c1c6a0000)

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from strata_operator.flux_events import FluxEventSink, build_flux_event, check_address
+from strata_operator.services.flux_events import FluxEventSink, build_flux_event, check_address
 from strata_operator.main import build_parser, run as run_operator
-from strata_operator.redaction import REDACTOR
+from strata_operator.services.redaction import REDACTOR
 
 NOW = datetime(2026, 11, 24, 9, 30, 5, 123456, tzinfo=timezone.utc)
 STACK = {
@@ -136,7 +136,7 @@ def test_failures_are_logged_once_per_outage_and_never_reach_the_caller(caplog):
         await sink.stop()
         return sink
 
-    with caplog.at_level(logging.INFO, logger="strata_operator.flux_events"):
+    with caplog.at_level(logging.INFO, logger="strata_operator.services.flux_events"):
         sink = run(scenario())
     assert (sink.delivered, sink.failed) == (1, 4)
     lines = [r.getMessage() for r in caplog.records]
@@ -169,7 +169,7 @@ def test_a_full_queue_drops_without_blocking_the_publisher(caplog):
         await sink.stop()
         return sink, dropped_while_stuck
 
-    with caplog.at_level(logging.WARNING, logger="strata_operator.flux_events"):
+    with caplog.at_level(logging.WARNING, logger="strata_operator.services.flux_events"):
         sink, dropped = run(scenario())
     assert dropped == 4 and sink.delivered == 2
     assert [r.getMessage() for r in caplog.records] == [

@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 from kubernetes.client.rest import ApiException
 
-from strata_operator import leadership
-from strata_operator.leadership import (ElectionSettings, Elector, StandbyHealth, acquire, check_settings,
-                                        describe_api_error, discover_namespace, keep, missing_namespace)
+from strata_operator.controllers import leadership
+from strata_operator.controllers.leadership import (ElectionSettings, Elector, StandbyHealth, acquire, check_settings,
+                                                    describe_api_error, discover_namespace, keep, missing_namespace)
 from strata_operator.main import build_parser
 
 
@@ -161,7 +161,7 @@ def test_a_standby_says_who_holds_the_lease_then_takes_over_when_it_is_released(
         await asyncio.wait_for(waiting, 2)
         assert standby.leading and api.holder() == "b_2"
 
-    with caplog.at_level(logging.INFO, logger="strata_operator.leadership"):
+    with caplog.at_level(logging.INFO, logger="strata_operator.controllers.leadership"):
         run(scenario())
     standing = [r.getMessage() for r in caplog.records if "standing by" in r.getMessage()]
     assert len(standing) == 1 and "held by a_1" in standing[0] and "(b_2)" in standing[0]
@@ -180,7 +180,7 @@ def test_a_standby_keeps_retrying_through_api_errors_and_names_the_fix_once(fast
         await asyncio.wait_for(waiting, 2)
         assert elector.leading
 
-    with caplog.at_level(logging.INFO, logger="strata_operator.leadership"):
+    with caplog.at_level(logging.INFO, logger="strata_operator.controllers.leadership"):
         run(scenario())
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "--leader-election-namespace" in errors[0] and "leader-election.yaml" in errors[0]
@@ -194,7 +194,7 @@ def test_a_missing_lease_namespace_is_created_and_the_lease_taken(fast, caplog):
         assert elector.leading and api.holder() == "a_1"
         assert api.namespace_labels["app.kubernetes.io/part-of"] == "strata"
 
-    with caplog.at_level(logging.INFO, logger="strata_operator.leadership"):
+    with caplog.at_level(logging.INFO, logger="strata_operator.controllers.leadership"):
         run(scenario())
     messages = [r.getMessage() for r in caplog.records]
     assert any("created the namespace strata-system for the leader Lease" in m for m in messages)
@@ -212,7 +212,7 @@ def test_a_lease_namespace_that_may_not_be_created_is_named_with_the_fixes_once(
         await asyncio.wait_for(waiting, 2)
         assert elector.leading
 
-    with caplog.at_level(logging.INFO, logger="strata_operator.leadership"):
+    with caplog.at_level(logging.INFO, logger="strata_operator.controllers.leadership"):
         run(scenario())
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
@@ -397,7 +397,7 @@ def test_kill_workers_kills_every_descendant_forked_workers_included():
     script = textwrap.dedent("""\
         import subprocess, sys, time
         from pathlib import Path
-        from strata_operator.leadership import _descendants, kill_workers
+        from strata_operator.controllers.leadership import _descendants, kill_workers
         server = subprocess.Popen([sys.executable, "-c",
             "import subprocess, time; subprocess.Popen(['sleep', '60'], start_new_session=True); time.sleep(60)"])
         plain = subprocess.Popen(["sh", "-c", "sleep 60 & wait"], start_new_session=True)
@@ -421,7 +421,7 @@ def test_kill_workers_kills_every_descendant_forked_workers_included():
 def test_losing_leadership_kills_the_workers_and_exits_with_one_clear_line():
     script = textwrap.dedent("""\
         import logging, subprocess, time
-        from strata_operator.leadership import Elector, stop_handling
+        from strata_operator.controllers.leadership import Elector, stop_handling
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
         worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
         time.sleep(0.2)

@@ -4,9 +4,9 @@ from datetime import datetime, timezone
 
 import pytest
 
-from strata_operator.lease import (LEASE_DURATION_SECONDS, RENEW_DEADLINE_SECONDS, RENEW_PERIOD_SECONDS,
-                                   LeaseRecord, Observation, decide, lease_object, micro_time, observe,
-                                   release_spec)
+from strata_operator.decisions.lease import (LEASE_DURATION_SECONDS, RENEW_DEADLINE_SECONDS, RENEW_PERIOD_SECONDS,
+                                             LeaseRecord, Observation, decide, lease_object, micro_time, observe,
+                                             release_spec)
 
 WALL = datetime(2025, 1, 1, 12, 0, 0, 250000, tzinfo=timezone.utc)
 STAMP = "2025-01-01T12:00:00.250000Z"

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from strata_operator import memory
+from strata_operator.services import memory
 
 libc = memory._glibc()
 pytestmark = pytest.mark.skipif(libc is None, reason="not glibc: no malloc_trim")

@@ -3,9 +3,9 @@
 import base64
 import json
 
-from strata_operator.outputs import (MANAGED_BY_LABEL, STACK_LABEL, combine_digests, output_digest,
-                                     output_digests, outputs_digest, outputs_secret_conflict, outputs_secret_data,
-                                     outputs_secret_manifest, secret_needs_write)
+from strata_operator.decisions.outputs import (MANAGED_BY_LABEL, STACK_LABEL, combine_digests, output_digest,
+                                               output_digests, outputs_digest, outputs_secret_conflict,
+                                               outputs_secret_data, outputs_secret_manifest, secret_needs_write)
 
 KEY = b"k" * 32
 

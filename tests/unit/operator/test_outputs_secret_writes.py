@@ -7,9 +7,10 @@ import base64
 
 from kubernetes.client.rest import ApiException
 
-from strata_operator.engine import UpdateResult
-from strata_operator.handlers import Context, OperatorSettings, StackSession, _outputs_secret_problem, \
-    _write_outputs_secret
+from strata_operator.engine.port import UpdateResult
+from strata_operator.controllers.context import Context, OperatorSettings
+from strata_operator.controllers.stack_session import StackSession
+from strata_operator.controllers.stack_update import outputs_secret_problem, _write_outputs_secret
 
 REAL = {"url": "http://x", "password": "hunter2-unit"}
 
@@ -65,14 +66,14 @@ def test_another_owners_secret_is_never_written():
     problem = asyncio.run(_write_outputs_secret(session(kube), "out", result()))
     assert problem.startswith("spec.outputsSecret.name: Secret 'out' already exists and is owned by Stack/x")
     assert kube.calls == []
-    assert asyncio.run(_outputs_secret_problem(session(kube), "out")) == problem
-    assert asyncio.run(_outputs_secret_problem(session(SecretsKube()), "out")) is None
+    assert asyncio.run(outputs_secret_problem(session(kube), "out")) == problem
+    assert asyncio.run(outputs_secret_problem(session(SecretsKube()), "out")) is None
 
 
 def test_failures_name_the_field_and_never_a_value():
     problem = asyncio.run(_write_outputs_secret(session(SecretsKube(fail="write")), "out", result()))
     assert problem.startswith("spec.outputsSecret.name: create Secret 'out' failed: HTTP 422")
-    denied = asyncio.run(_outputs_secret_problem(session(SecretsKube(fail="get")), "out"))
+    denied = asyncio.run(outputs_secret_problem(session(SecretsKube(fail="get")), "out"))
     assert "may not read Secret 'out' (HTTP 403): grant it get, create and update on secrets" in denied
     unread = asyncio.run(_write_outputs_secret(session(SecretsKube()), "out", result(None)))
     assert unread == "spec.outputsSecret: the update succeeded but reading the outputs' values failed: boom"

@@ -4,13 +4,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from strata_operator.backoff import cooldown_seconds
-from strata_operator.outputs import combine_digests
-from strata_operator.planning import (Requests, check_prerequisite, consumed_digest, drift_check_due, drift_status,
-                                      plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
-                                      prerequisites_verdict, suspended_verdict, terminating_namespace_message)
-from strata_operator.spec import Prerequisite, Requirement, parse_stack_spec
-from strata_operator.status import RunRecord, failed_update, rfc3339, succeeded_update
+from strata_operator.decisions.backoff import cooldown_seconds
+from strata_operator.decisions.outputs import combine_digests
+from strata_operator.decisions.planning import (Requests, check_prerequisite, consumed_digest, drift_check_due,
+                                                drift_status, plan_finalize, plan_on_prerequisite_outputs, plan_stack,
+                                                prerequisite_digests, prerequisites_verdict, suspended_verdict,
+                                                terminating_namespace_message)
+from strata_operator.api.stack import Prerequisite, Requirement, parse_stack_spec
+from strata_operator.api.status import RunRecord, failed_update, rfc3339, succeeded_update
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 SHA = "a" * 40

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.plugins import (MissingPlugin, ambient_plugin_dirs, ambient_plugins, cached_plugins,
-                                     default_plugin_cache, link_plugins, missing_plugin, missing_plugin_advice)
+from strata_operator.engine.process.plugins import (MissingPlugin, ambient_plugin_dirs, ambient_plugins, cached_plugins,
+                                                    default_plugin_cache, link_plugins, missing_plugin,
+                                                    missing_plugin_advice)
 
 FLUX = "resource-flux-v1.0.1"
 

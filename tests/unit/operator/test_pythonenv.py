@@ -5,8 +5,8 @@ import sys
 import pytest
 import yaml
 
-from strata_operator.pythonenv import (PythonEnvError, ensure_virtualenv, local_requirement_dirs, planned_virtualenv,
-                                       requirements_key, use_virtualenv)
+from strata_operator.engine.process.virtualenvs import (PythonEnvError, ensure_virtualenv, local_requirement_dirs,
+                                                        planned_virtualenv, requirements_key, use_virtualenv)
 
 
 def _project(path, runtime, requirements: str | None = "# nothing to install\n"):

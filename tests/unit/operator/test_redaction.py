@@ -2,8 +2,9 @@
 
 import logging
 
-from strata_operator.redaction import MASK, RedactingFilter, Redactor
-from strata_operator.sources import GitCredentials, SourceError, _git_env
+from strata_operator.services.redaction import MASK, RedactingFilter, Redactor
+from strata_operator.sources.archive import SourceError
+from strata_operator.sources.git import GitCredentials, _git_env
 
 
 def test_registered_values_and_their_forms_are_masked():
@@ -42,7 +43,7 @@ def test_log_filter_masks_message_args_and_traceback():
 
 
 def test_source_errors_are_redacted_at_construction():
-    from strata_operator.redaction import REDACTOR
+    from strata_operator.services.redaction import REDACTOR
     REDACTOR.add("canary-4242-secret")
     assert "canary-4242-secret" not in str(SourceError("clone failed: canary-4242-secret"))
 
@@ -51,6 +52,6 @@ def test_git_token_goes_through_env_header_not_url(tmp_path):
     env = _git_env(GitCredentials(token="ghp_canary_token_1"), tmp_path)
     assert env["GIT_CONFIG_KEY_0"] == "http.extraHeader"
     assert "ghp_canary_token_1" not in env["GIT_CONFIG_VALUE_0"]  # base64 in a Basic header
-    from strata_operator.redaction import REDACTOR
+    from strata_operator.services.redaction import REDACTOR
     assert "ghp_canary_token_1" not in REDACTOR.redact(env["GIT_CONFIG_VALUE_0"])
     assert MASK in REDACTOR.redact(env["GIT_CONFIG_VALUE_0"])

@@ -3,9 +3,9 @@ access token however given. Literal and ConfigMap values and plain spec fields a
 
 import asyncio
 
-from strata_operator.redaction import REDACTOR
-from strata_operator.resolve import resolve_stack
-from strata_operator.spec import parse_stack_spec
+from strata_operator.services.redaction import REDACTOR
+from strata_operator.sources.references import resolve_stack
+from strata_operator.api.stack import parse_stack_spec
 
 SECRETS = {"creds": {"token": "secret-ref-canary-1", "passphrase": "passphrase-canary-2"},
            "bulk": {"BULK": "env-secrets-canary-3", "REGION": "overridden-below"},

@@ -1,7 +1,7 @@
 """Progressive rollout: waves by selector and count, the gate each Stack passes, the Program's progress."""
 
-from strata_operator.rollout import (ROLLOUT_HALTED, ROLLOUT_WAITING, RolloutStack, Wave, assign_waves, parse_waves,
-                                     rollout_gate, rollout_progress, selector_matches)
+from strata_operator.decisions.rollout import (ROLLOUT_HALTED, ROLLOUT_WAITING, RolloutStack, Wave, assign_waves,
+                                               parse_waves, rollout_gate, rollout_progress, selector_matches)
 
 NEW, OLD = "app/2", "app/1"
 WAVES = [Wave(selector={"matchLabels": {"ring": "canary"}}), Wave(count=2)]

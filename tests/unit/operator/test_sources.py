@@ -12,11 +12,12 @@ import yaml
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from strata_operator.redaction import redact
-from strata_operator.sources import (FluxArtifact, GitHubApp, SourceError, SourceNotReady, UnsafeArchive,
-                                     download_artifact, flux_artifact, git_branch_head, git_checkout, github_app_jwt, github_app_token,
-                                     program_revision, program_status, project_info, safe_extract, subdir,
-                                     write_program_project)
+from strata_operator.services.redaction import redact
+from strata_operator.api.program import program_revision, program_status
+from strata_operator.sources.archive import SourceError, UnsafeArchive, safe_extract
+from strata_operator.sources.flux import FluxArtifact, SourceNotReady, download_artifact, flux_artifact
+from strata_operator.sources.git import GitHubApp, git_branch_head, git_checkout, github_app_jwt, github_app_token
+from strata_operator.sources.project import project_info, subdir, write_program_project
 
 
 def make_tar(path: Path, members):
@@ -283,7 +284,7 @@ def test_git_branch_head_and_checkout(tmp_path):
 
 
 def test_a_git_failure_says_its_cause_not_the_advice_around_it():
-    from strata_operator.sources import git_failure
+    from strata_operator.sources.git import git_failure
 
     ssh = ("Warning: Permanently added '[127.0.0.1]:4022' (ED25519) to the list of known hosts.\n"
            "git@127.0.0.1: Permission denied (publickey).\nfatal: Could not read from remote repository.\n\n"

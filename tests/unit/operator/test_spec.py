@@ -5,11 +5,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata_operator.spec import (ProgramBody, SpecInvalid, StackSpec, misplaced_file_backend,
-                                  not_applicable_fields, parse_duration, parse_program, parse_stack_spec,
-                                  unused_sources)
+from strata_operator.api.program import ProgramBody, parse_program
+from strata_operator.api.stack import (StackSpec, misplaced_file_backend, not_applicable_fields, parse_stack_spec,
+                                       unused_sources)
+from strata_operator.api.validation import SpecInvalid, parse_duration
 
-CRDS = Path(__file__).resolve().parents[3] / "operator" / "strata_operator" / "crds"
+CRDS = Path(__file__).resolve().parents[3] / "operator" / "strata_operator" / "api" / "crds"
 GIT = {"stack": "dev", "projectRepo": "https://example.com/repo.git", "commit": "a" * 40}
 SECRET = {"type": "Secret", "secret": {"name": "creds", "key": "token"}}
 

@@ -2,8 +2,8 @@
 
 from datetime import datetime, timedelta, timezone
 
-from strata_operator.status import (SUSPENDED, Verdict, build_conditions, merge_patch, outputs_for_status,
-                                    with_drifted)
+from strata_operator.api.status import (SUSPENDED, Verdict, build_conditions, merge_patch, outputs_for_status,
+                                        with_drifted)
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 

@@ -5,9 +5,10 @@ current"). The apiserver is replaced by a recorder of status patches."""
 import asyncio
 from datetime import datetime, timezone
 
-from strata_operator import RECONCILE_REQUEST_ANNOTATION
-from strata_operator.handlers import Context, OperatorSettings, StackSession
-from strata_operator.status import RECONCILING_PROCESSING, Verdict, build_conditions
+from strata_operator.api import RECONCILE_REQUEST_ANNOTATION
+from strata_operator.controllers.context import Context, OperatorSettings
+from strata_operator.controllers.stack_session import StackSession
+from strata_operator.api.status import RECONCILING_PROCESSING, Verdict, build_conditions
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -1,6 +1,6 @@
 """Which watch events wake a Stack's daemon: changes that can call for a run, not its own status writes."""
 
-from strata_operator.handlers import Registry, Watched, intent
+from strata_operator.controllers.context import Registry, Watched, intent
 
 
 def _stack(generation=1, annotations=None, status=None):
@@ -34,7 +34,7 @@ def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
     import asyncio
     import types
 
-    from strata_operator import handlers
+    from strata_operator.controllers import stack as stack_controller
 
     running, peak, passes = [0], [0], []
 
@@ -54,7 +54,7 @@ def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
         body["stopped"].flag = True
         return 0.0
 
-    monkeypatch.setattr(handlers, "reconcile_stack", reconcile)
+    monkeypatch.setattr(stack_controller, "reconcile_stack", reconcile)
 
     async def fleet() -> None:
         ctx = types.SimpleNamespace(registry=Registry(), passes=asyncio.Semaphore(2))
@@ -62,7 +62,7 @@ def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
         daemons = []
         for index in range(10):
             stopped = Stopped()
-            daemons.append(handlers.stack_daemon(namespace="ns", name=f"s{index}", memo=memo, logger=None,
+            daemons.append(stack_controller.stack_daemon(namespace="ns", name=f"s{index}", memo=memo, logger=None,
                                                  body={"name": f"s{index}", "stopped": stopped}, stopped=stopped))
         await asyncio.gather(*daemons)
 

@@ -7,8 +7,9 @@ import json
 import pytest
 import yaml
 
-from strata_operator.worker import (KnownStack, UpdateBlocked, _ensure_file_backend, _event_log_results, _holds_secret,
-                                    _secrets_settings, _write_stack_file, failure_result, request_redactor)
+from strata_operator.engine.process.worker import (KnownStack, UpdateBlocked, _ensure_file_backend, _event_log_results,
+                                                   _holds_secret, _secrets_settings, _write_stack_file, failure_result,
+                                                   request_redactor)
 
 SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": '"[secret]"'}
 
@@ -112,7 +113,7 @@ def test_a_backend_url_from_a_secret_keeps_its_directory_secret_too(tmp_path):
 
 
 def test_a_missing_plugin_blocks_with_the_command_that_installs_it(tmp_path):
-    from strata_operator.pythonenv import PythonEnvError
+    from strata_operator.engine.process.virtualenvs import PythonEnvError
 
     pip = ("  subprocess.CalledProcessError: Command '['pulumi', 'plugin', 'install', 'resource', 'flux', '1.0.1', "
            "'--server', 'github://api.github.com/oun']' returned non-zero exit status 255.\n"
@@ -158,8 +159,8 @@ def test_a_cli_too_old_for_a_flag_blocks_as_pulumi_version_too_low(tmp_path):
 
 
 def test_the_update_log_is_redacted_private_and_replaced_by_the_next_run(tmp_path):
-    from strata_operator.redaction import Redactor
-    from strata_operator.worker import write_update_log
+    from strata_operator.services.redaction import Redactor
+    from strata_operator.engine.process.worker import write_update_log
 
     redactor = Redactor()
     redactor.add("hunter2-canary")
@@ -197,7 +198,7 @@ def _up_result(**outputs):
 
 
 def test_real_values_cost_a_cli_run_only_when_asked_and_an_output_is_secret(tmp_path, monkeypatch):
-    from strata_operator.worker import DIGEST_KEY, with_output_values
+    from strata_operator.engine.process.worker import DIGEST_KEY, with_output_values
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
@@ -225,7 +226,7 @@ def test_real_values_cost_a_cli_run_only_when_asked_and_an_output_is_secret(tmp_
 
 
 def test_a_failed_read_of_real_values_says_so_without_any_output_of_the_cli(tmp_path, monkeypatch):
-    from strata_operator.worker import with_output_values
+    from strata_operator.engine.process.worker import with_output_values
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cli = _FakeCli(tmp_path, {"password": "hunter2-real"}, code=1)
@@ -237,8 +238,8 @@ def test_a_failed_read_of_real_values_says_so_without_any_output_of_the_cli(tmp_
 
 
 def test_real_secret_values_are_registered_for_redaction_and_never_in_the_results_repr():
-    from strata_operator.engine import UpdateResult
-    from strata_operator.redaction import redact
+    from strata_operator.engine.port import UpdateResult
+    from strata_operator.services.redaction import redact
 
     line = json.dumps({"outcome": "succeeded",
                        "outputs": {"url": {"value": "http://plain", "secret": False},

@@ -3,7 +3,8 @@ the language hosts and plugins the operator has."""
 
 import os
 
-from strata_operator.engine import AutomationEngine, EngineSettings, UpdateRequest
+from strata_operator.engine.port import UpdateRequest
+from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
 
 
 def _env(tmp_path, monkeypatch, **stack_env):

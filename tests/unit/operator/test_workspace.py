@@ -9,15 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.agent import agent_engine_settings, cgroup_memory_limit, cgroup_oom_kills
-from strata_operator.bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
-from strata_operator.engine import AutomationEngine, EngineSettings, UpdateRequest
+from strata_operator.engine.pod.agent import agent_engine_settings, cgroup_memory_limit, cgroup_oom_kills
+from strata_operator.engine.pod.bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
+from strata_operator.engine.port import UpdateRequest
+from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
 from strata_operator.main import build_parser, workspace_settings
-from strata_operator.podengine import PodEngine, Workspace, WorkspaceSettings, source_archive
-from strata_operator.resolve import resolve_stack
-from strata_operator.spec import parse_stack_spec
-from strata_operator.workspace import (CONTAINER, WORKSPACE_LABEL, MountedRefs, RefUnavailable, WorkspaceNames, WorkspacePodArgs,
-                                       build_workspace_pod, pod_problem, resolve_in_workspace, spec_hash)
+from strata_operator.engine.pod.executor import PodEngine, Workspace, WorkspaceSettings, source_archive
+from strata_operator.sources.references import resolve_stack
+from strata_operator.api.stack import parse_stack_spec
+from strata_operator.api.workspace_values import MountedRefs
+from strata_operator.engine.pod.workspace_pod import (CONTAINER, WORKSPACE_LABEL, RefUnavailable, WorkspaceNames,
+                                                      WorkspacePodArgs, build_workspace_pod, pod_problem,
+                                                      resolve_in_workspace, spec_hash)
 
 OWNER = {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": "app", "uid": "u-1", "controller": True}
 PKO_STATE_TEMPLATE = {"spec": {
@@ -44,7 +47,7 @@ def test_the_workspace_pod_runs_the_agent_hardened_under_the_stacks_service_acco
     assert pod["metadata"]["labels"] == {"auto.pulumi.com/component": "workspace",
                                          "auto.pulumi.com/workspace-name": "app"}
     assert spec["serviceAccountName"] == "app-workspace" and spec["nodeSelector"] == {"type": "real"}
-    assert container["command"] == ["python", "-m", "strata_operator.agent"]
+    assert container["command"] == ["python", "-m", "strata_operator.engine.pod.agent"]
     assert container["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
@@ -72,10 +75,10 @@ def test_an_image_of_the_template_runs_the_updates_with_the_agent_brought_in_by_
     (bootstrap,) = spec["initContainers"]
     container = spec["containers"][0]
     assert (bootstrap["name"], bootstrap["image"]) == ("bootstrap", "strata:1")
-    assert bootstrap["command"] == ["python", "-m", "strata_operator.bundle", BUNDLE_DIR]
+    assert bootstrap["command"] == ["python", "-m", "strata_operator.engine.pod.bundle", BUNDLE_DIR]
     assert bootstrap["securityContext"] == container["securityContext"]
     assert (container["image"], container["imagePullPolicy"]) == ("team/pulumi:3", "Always")
-    assert container["command"] == [*launcher(Path(BUNDLE_DIR)), "-m", "strata_operator.agent"]
+    assert container["command"] == [*launcher(Path(BUNDLE_DIR)), "-m", "strata_operator.engine.pod.agent"]
     assert container["command"][0].startswith(BUNDLE_DIR + "/lib/ld-linux")
     assert {"name": BUNDLE_ENV, "value": BUNDLE_DIR} in container["env"]
     assert {"name": "runtime", "mountPath": BUNDLE_DIR, "readOnly": True} in container["volumeMounts"]
@@ -207,7 +210,8 @@ def test_executor_flags():
 
 
 def test_a_directory_of_the_workspace_pod_is_a_source_for_the_pod_executor_only():
-    from strata_operator.spec import SpecInvalid, local_source_issue
+    from strata_operator.api.stack import local_source_issue
+    from strata_operator.api.validation import SpecInvalid
 
     template = {"spec": {"local": {"dir": "/program"}}}
     spec = parse_stack_spec({"stack": "dev", "workspaceTemplate": template}, "team")

@@ -10,16 +10,19 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from strata_operator.engine import UpdateResult
-from strata_operator.redaction import REDACTOR
-from strata_operator.resolve import RefError
-from strata_operator.spec import SpecInvalid
-from strata_operator.updates import (Program, aborted, failure_reason, finished, outputs_secret, parse_update,
-                                     progressing, set_conditions, ttl_remaining, workspace_key, workspace_ready,
-                                     workspace_request)
-from strata_operator.workspace_config import ConfigItem, ConfigUnavailable, config_values, parse_config_path
-from strata_operator.workspaces import (FluxSource, GitSource, LocalSource, ProjectInfoSource, misplaced_backend,
-                                        not_applicable, parse_workspace, resolve_env, stack_config)
+from strata_operator.engine.port import UpdateResult
+from strata_operator.services.redaction import REDACTOR
+from strata_operator.sources.references import RefError
+from strata_operator.api.validation import SpecInvalid
+from strata_operator.api.auto_conditions import set_conditions
+from strata_operator.api.update import aborted, finished, outputs_secret, parse_update, progressing, ttl_remaining
+from strata_operator.api.workspace import workspace_ready
+from strata_operator.controllers.auto_state import Program, workspace_key, workspace_request
+from strata_operator.controllers.update import failure_reason
+from strata_operator.api.workspace_values import ConfigItem, ConfigUnavailable, config_values, parse_config_path
+from strata_operator.api.workspace import (FluxSource, GitSource, LocalSource, ProjectInfoSource, misplaced_backend,
+                                           not_applicable, parse_workspace)
+from strata_operator.sources.workspace_program import resolve_env, stack_config
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 

@@ -1,0 +1,16 @@
+"""The APIs the operator serves and their pure meaning; imports nothing else of strata_operator.
+
+stack.py (the Stack spec), program.py (the Program, its status), validation.py (issues that name the
+field), status.py (Stack status builders), workspace.py, update.py and auto_conditions.py (PKO v2's
+`auto.pulumi.com` Workspace and Update), workspace_values.py (what a workspace pod resolves itself; light
+enough for the agent). crds/ and rbac/ are the CustomResourceDefinitions and the operator's RBAC as YAML,
+read by the Operator component (package data).
+"""
+
+GROUP = "pulumi.com"
+VERSION = "v1"
+# PKO v2's Workspace and Update API
+AUTO_GROUP, AUTO_VERSION = "auto.pulumi.com", "v1alpha1"
+FINALIZER = "finalizer.stack.pulumi.com"
+RECONCILE_REQUEST_ANNOTATION = "pulumi.com/reconciliation-request"
+FLUX_REQUESTED_AT_ANNOTATION = "reconcile.fluxcd.io/requestedAt"

@@ -1,0 +1,100 @@
+"""What every controller of the operator shares: its settings, the engine and Kubernetes client on the
+memo (`Context`), the registry of live Stacks and what wakes each one, and the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import datetime, timezone
+from typing import Any
+
+from ..api.stack import MIN_RESYNC_SECONDS
+from ..decisions.approval import APPROVE_ANNOTATION
+from ..decisions.planning import DEFAULT_STALL_AFTER_FAILURES, Requests
+from ..engine.pod.executor import WorkspaceSettings
+from ..engine.port import Engine
+from ..engine.process.executor import EngineSettings
+from ..services.kube import Kube
+
+RETRY_REFS_SECONDS = 30.0
+
+
+def passes_in_flight(concurrency: int) -> int:
+    """How many Stacks' reconcile passes run at once: the engine's slots and three times as many more
+    (passes that need no run go through while updates queue). The rest wait before reading anything,
+    holding nothing for their pass."""
+    return max(32, 4 * concurrency)
+
+
+@dataclasses.dataclass
+class OperatorSettings:
+    engine: EngineSettings = dataclasses.field(default_factory=EngineSettings)
+    stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES
+    min_resync_seconds: int = MIN_RESYNC_SECONDS
+    allow_operator_refs: bool = True  # PKO v1's Env/FS refs read the operator's env/files
+    metrics_port: int = 8383
+    kubeconfig: str | None = None
+    flux_events_address: str = ""  # Flux notification-controller event server; "" is off
+    workspace: WorkspaceSettings | None = None  # the pod executor's settings; None: the process executor
+
+
+@dataclasses.dataclass
+class Watched:
+    """What a live Stack depends on, so changes to those objects wake its daemon."""
+
+    wakeup: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    program: str = ""
+    flux: tuple[str, str] = ("", "")
+    prerequisites: tuple[str, ...] = ()
+    branch_head: tuple[str, float] = ("", 0.0)  # (sha, monotonic time of ls-remote)
+    branch_key: tuple[Any, ...] = ()
+    # Status fields this process wrote that the watch has not shown yet: a wakeup from another object
+    # can arrive before our own patch's event, and planning on the stale status would re-run the update.
+    pending: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # What of the Stack's own object the last pass planned on (see `intent`): an event that changes
+    # none of it (our own status writes) needs no pass.
+    seen: tuple[Any, ...] = ()
+    # Waiting for earlier waves of its Program's rollout: woken whenever a Stack of that Program changes.
+    rollout_waiting: bool = False
+
+
+def intent(body: Any) -> tuple[Any, ...]:
+    """What of a Stack object can call for a run: its spec (generation), the reconcile requests and an
+    approval."""
+    meta = body.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    return meta.get("generation"), Requests.of(annotations, None), annotations.get(APPROVE_ANNOTATION, "")
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.stacks: dict[tuple[str, str], Watched] = {}
+
+    def wake(self, namespace: str, name: str, body: Any) -> None:
+        watched = self.stacks.get((namespace, name))
+        if watched is not None and intent(body) != watched.seen:
+            watched.wakeup.set()
+
+    def wake_where(self, namespace: str, predicate) -> None:
+        for (ns, name), watched in self.stacks.items():
+            if ns == namespace and predicate(watched):
+                watched.wakeup.set()
+
+
+@dataclasses.dataclass
+class Context:
+    kube: Kube
+    engine: Engine
+    settings: OperatorSettings
+    registry: Registry = dataclasses.field(default_factory=Registry)
+    # Every Stack's daemon starts a pass as soon as the Stack exists: unbounded, 1000 new Stacks are 1000
+    # passes holding their spec, refs, Program and request for as long as the engine's queue takes.
+    passes: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(passes_in_flight(1)))
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def stack_key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"

@@ -1,0 +1,331 @@
+"""A Stack's update, once planning says one runs: through the engine port, with manual approval of the
+exact plan (kept in Secrets the Stack owns), the outputs Secret, drift checks and their remediation,
+and the status and Events that record the run."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from ..api import GROUP, VERSION
+from ..api import status as st
+from ..api.stack import StackSpec
+from ..api.validation import SpecInvalid
+from ..decisions.approval import (APPROVE_ANNOTATION, EVENT_PLAN_READY, EVENT_PLAN_REFUSED, PLAN_LABEL, PLAN_REFUSED,
+                                  PlanIdentity, approval_gate, awaiting_message, inputs_digest, plan_chunks,
+                                  plan_digest, plan_refused, plan_secret_name, plan_status)
+from ..decisions.outputs import (outputs_secret_conflict, outputs_secret_data, outputs_secret_manifest,
+                                 secret_needs_write)
+from ..decisions.planning import Plan, drift_check_due, drift_status, plan_stack, soonest
+from ..decisions.rollout import parse_waves
+from ..engine.port import UpdateResult, register_secret_outputs
+from ..services import metrics
+from ..services.events import HOST, post_event
+from ..services.redaction import redact
+from ..sources.archive import SourceError
+from ..sources.project import project_info
+from ..sources.references import RefError, Resolved
+from .context import utc_now
+from .stack_rollout import rollout_stacks, write_rollout_progress
+from .stack_session import StackSession, materialise_program, stack_state_dir, update_request, wait_for_reference
+
+
+def _is_prerequisite(session: StackSession) -> bool:
+    """Whether a live Stack in the namespace lists this one as a prerequisite (its secret outputs then
+    need real values for their digests)."""
+    return any(session.name in watched.prerequisites for (ns, name), watched in session.ctx.registry.stacks.items()
+               if ns == session.namespace and name != session.name)
+
+
+def _api_problem(secret_name: str, verb: str, err: ApiException) -> str:
+    if err.status == 403:
+        return (f"spec.outputsSecret.name: the operator may not {verb} Secret {secret_name!r} (HTTP 403): grant it "
+                "get, create and update on secrets (rbac/clusterrole.yaml)")
+    # Only the status line, never the response body (which may quote what was sent), and redacted anyway.
+    return redact(f"spec.outputsSecret.name: {verb} Secret {secret_name!r} failed: HTTP {err.status} {err.reason}")
+
+
+async def outputs_secret_problem(session: StackSession, secret_name: str) -> str | None:
+    """Before an update: why spec.outputsSecret could not receive its outputs (not this Stack's), or None."""
+    try:
+        existing = await session.ctx.kube.get_secret(session.namespace, secret_name)
+    except ApiException as err:
+        return _api_problem(secret_name, "read", err)
+    return outputs_secret_conflict(existing, session.name, session.meta.get("uid", ""), secret_name)
+
+
+async def _write_outputs_secret(session: StackSession, secret_name: str, result: UpdateResult) -> str | None:
+    """After a successful up: create or replace the outputs Secret when it differs; the problem, or None.
+    Nothing here puts a value into a message: API errors are reduced to their status and reason."""
+    if result.real_outputs is None:
+        return f"spec.outputsSecret: the update succeeded but {result.outputs_error or 'its outputs were not read'}"
+    register_secret_outputs(result.outputs, result.real_outputs)
+    kube, uid = session.ctx.kube, session.meta.get("uid", "")
+    data, skipped = outputs_secret_data(result.real_outputs)
+    verb = "read"
+    try:
+        existing = await kube.get_secret(session.namespace, secret_name)
+        conflict = outputs_secret_conflict(existing, session.name, uid, secret_name)
+        if conflict is not None:
+            return conflict
+        version = ((existing or {}).get("metadata") or {}).get("resourceVersion", "")
+        wanted = outputs_secret_manifest(session.namespace, secret_name, session.name, uid, data, version)
+        if secret_needs_write(existing, wanted):
+            verb = "create" if existing is None else "update"
+            if existing is None:
+                await kube.create_secret(session.namespace, wanted)
+            else:
+                await kube.replace_secret(session.namespace, secret_name, wanted)
+    except ApiException as err:
+        return _api_problem(secret_name, verb, err)
+    if skipped:
+        post_event(session.body, st.EVENT_OUTPUT_FAILURE,
+               f"outputs {', '.join(repr(n) for n in skipped)} are not valid Secret keys (letters, digits, '-', '_', "
+               f"'.'): left out of Secret {secret_name!r}", warning=True)
+    return None
+
+
+async def check_drift(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                       handle: Any) -> float | None:
+    """A refresh preview of a Stack with nothing to run: status.drift, the Drifted condition, an Event
+    and the metric; with remediate, an update that refreshes first when something drifted."""
+    ctx, body = session.ctx, session.body
+    work = stack_state_dir(ctx, session.namespace, session.name) / "runs" / f"drift-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        project = await materialise_program(spec, handle, work / "src", resolved)
+        request = await update_request(ctx, spec, session.namespace, session.name, project, resolved, work, "drift check")
+        result = await ctx.engine.refresh(dataclasses.replace(request, preview_only=True))
+    except (SourceError, SpecInvalid, RefError) as err:
+        result = UpdateResult("failed", str(err))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    metrics.DRIFT_CHECKS.labels(result.outcome).inc()
+    now = utc_now()
+    before = session.status.get("drift") or {}
+    # A check that failed tells nothing new about drift: what the last one found stands.
+    drift = drift_status(result.summary, st.rfc3339(now)) if result.ok else {
+        **before, "checkedAt": st.rfc3339(now), "error": result.message}
+    drift.setdefault("drifted", False)
+    remediate = bool(spec.drift_detection and spec.drift_detection.remediate)
+    found = f"{st.changes_text(drift.get('changes') or {})} outside Pulumi, found by a refresh preview at " \
+            f"{drift['checkedAt']}"
+    if drift["drifted"] and (not before.get("drifted") or before.get("changes") != drift["changes"]):
+        post_event(body, st.DRIFT_DETECTED, found + ("; remediating with an update" if remediate else ""), warning=True)
+    elif before.get("drifted") and not drift["drifted"] and result.ok:
+        post_event(body, "DriftResolved", "the refresh preview finds no change made outside Pulumi any more")
+    elif not result.ok and before.get("error") != result.message:
+        post_event(body, "DriftCheckFailed", f"drift check failed: {result.message}", warning=True)
+    metrics.mark_drifted(session.namespace, session.name, drift["drifted"])
+    advice = "remediating with an update that refreshes first" if remediate else \
+        "run an update with refresh (a reconcile request with spec.refresh) or set spec.driftDetection.remediate"
+    await session.write(plan.verdict, drifted=(drift["drifted"], f"{found}; {advice}") if result.ok else None,
+                        drift=drift)
+    if drift["drifted"] and remediate:
+        return await run_stack_update(session, spec.model_copy(update={"refresh": True}), resolved,
+                                 Plan("up", f"Drift detected ({st.changes_text(drift['changes'])}): remediating"),
+                                 revision, handle)
+    _, next_check = drift_check_due(spec, session.status.get("lastUpdate"), drift, now,
+                                    ctx.settings.min_resync_seconds)
+    return soonest(plan.requeue_after, next_check)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Approval:
+    """How a run of a Stack with manual approval goes: save a plan made from `identity`, or apply the
+    approved plan `digest` whose bytes are `plan`."""
+
+    identity: PlanIdentity | None = None
+    digest: str = ""
+    plan: bytes = b""
+
+
+async def _saved_plan(session: StackSession) -> tuple[bytes, str] | None:
+    """(plan, inputs digest) from the Stack's plan Secrets, or None when any is gone or does not hold
+    exactly the plan `status.plan` names."""
+    saved = session.status.get("plan") or {}
+    if not saved.get("digest"):
+        return None
+    parts = []
+    for index in range(int(saved.get("secrets") or 1)):
+        data = await session.ctx.kube.secret_bytes(session.namespace, plan_secret_name(session.name, index))
+        if data is None:
+            return None
+        parts.append(data)
+    plan = b"".join(part.get("plan", b"") for part in parts)
+    if plan_digest(plan) != saved["digest"]:
+        return None
+    return plan, parts[0].get("inputs", b"").decode()
+
+
+async def _empty_plan_secrets(session: StackSession, first: int, end: int) -> None:
+    """A used or replaced plan is emptied, not deleted (the operator may not delete Secrets); the
+    Secrets go with the Stack, which owns them."""
+    owner = _owner(session)
+    for index in range(first, end):
+        await session.ctx.kube.write_secret(session.namespace, plan_secret_name(session.name, index), {},
+                                            {PLAN_LABEL: session.name}, owner)
+
+
+async def _drop_plan(session: StackSession) -> None:
+    await _empty_plan_secrets(session, 0, int((session.status.get("plan") or {}).get("secrets") or 0))
+
+
+def _owner(session: StackSession) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "name": session.name,
+            "uid": session.meta.get("uid", ""), "controller": True}
+
+
+async def gated_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                        handle: Any) -> float | None:
+    """spec.approval Manual: preview and keep a plan, wait for its approval, then apply exactly it."""
+    stored = await _saved_plan(session)
+    identity = PlanIdentity(session.generation, revision, session.requests.pulumi,
+                            inputs_digest(resolved.config, resolved.secret_config, resolved.env))
+    last = session.status.get("lastUpdate") or {}
+    refused = last.get("message", "") if last.get("reason") == PLAN_REFUSED else ""
+    gate = approval_gate(session.status.get("plan"), stored[1] if stored else None, identity,
+                         (session.meta.get("annotations") or {}).get(APPROVE_ANNOTATION, ""),
+                         session.namespace, session.name, refused)
+    if gate.action == "wait":
+        await session.write(gate.verdict)
+        return None
+    if gate.action == "apply" and stored is not None:
+        return await run_stack_update(session, spec, resolved, dataclasses.replace(plan, message=gate.message), revision,
+                                 handle, _Approval(digest=session.status["plan"]["digest"], plan=stored[0]))
+    return await run_stack_update(session, spec, resolved, dataclasses.replace(plan, run="preview", message=gate.message),
+                             revision, handle, _Approval(identity=identity))
+
+
+async def _keep_plan(session: StackSession, plan: bytes, summary: dict[str, int],
+                     identity: PlanIdentity) -> float | None:
+    """Store a saved plan in Secrets the Stack owns, show it in status.plan and wait for its approval
+    (a plan that changes nothing is applied on the next pass without one)."""
+    chunks = plan_chunks(plan)
+    digest = plan_digest(plan)
+    for index, chunk in enumerate(chunks):
+        extra = {"digest": digest.encode(), "inputs": identity.inputs.encode()} if index == 0 else {}
+        await session.ctx.kube.write_secret(session.namespace, plan_secret_name(session.name, index),
+                                            {"plan": chunk, **extra}, {PLAN_LABEL: session.name}, _owner(session))
+    await _empty_plan_secrets(session, len(chunks), int((session.status.get("plan") or {}).get("secrets") or 0))
+    saved = plan_status(identity, digest, summary, len(chunks), st.rfc3339(utc_now()))
+    if not st.has_changes(summary):
+        await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "applying a plan with no changes"),
+                            plan=saved, currentUpdate=None)
+        return 0.0
+    message = awaiting_message(saved, session.namespace, session.name)
+    post_event(session.body, EVENT_PLAN_READY, message)
+    await session.write(approval_gate(saved, identity.inputs, identity, "", session.namespace, session.name).verdict,
+                        plan=saved, currentUpdate=None)
+    return None
+
+
+async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
+                      handle: Any, approval: _Approval | None = None) -> float | None:
+    ctx = session.ctx
+    run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
+                       generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
+                       started=utc_now(), host=HOST, prerequisite_digests=tuple(sorted(session.consumed.items())))
+    stack_dir = stack_state_dir(ctx, session.namespace, session.name)
+    run_dir = stack_dir / "runs" / run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            project = await materialise_program(spec, handle, run_dir / "src", resolved)
+        except (SourceError, SpecInvalid) as err:
+            await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err))
+            return float(session.resync_seconds(spec)) if spec.project_repo or spec.polled else None
+        try:
+            request = await update_request(ctx, spec, session.namespace, session.name, project, resolved, run_dir,
+                                     plan.message, real_outputs=spec.outputs_secret is not None or
+                                     _is_prerequisite(session))
+        except RefError as err:
+            return await wait_for_reference(session, err)
+        plan_file = run_dir / "plan.json"
+        if approval is not None:
+            if approval.digest:
+                plan_file.write_bytes(approval.plan)
+            request = dataclasses.replace(request, plan_file=str(plan_file))
+        post_event(session.body, st.EVENT_UPDATE_DETECTED, plan.message, revision=revision)
+        await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
+                            currentUpdate=st.current_update(run))
+        result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request))
+        metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
+        if approval is not None and approval.identity is not None and result.ok:
+            return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
+        fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
+        if result.ok:
+            problem = None
+            if run.kind == "up" and spec.outputs_secret is not None:
+                problem = await _write_outputs_secret(session, spec.outputs_secret.name, result)
+            fields["projectInfo"] = project_info(project)
+            if run.kind == "up":
+                # What the engine's state now holds, whether or not the Secret could be written.
+                fields["outputs"] = st.outputs_for_status(result.outputs)
+                fields["outputDigests"] = result.output_digests or None
+                fields["outputsDigest"] = result.outputs_digest or None
+                _keep_last_successful(project, stack_dir / "last-successful")
+                if session.status.get("plan"):  # applied, or no longer wanted (approval turned off)
+                    await _drop_plan(session)
+                    fields["plan"] = None
+                if request.refresh and (session.status.get("drift") or {}).get("drifted"):
+                    # The update refreshed first: whatever drifted is Pulumi's again.
+                    fields["drift"] = drift_status({}, st.rfc3339(utc_now()))
+                    metrics.mark_drifted(session.namespace, session.name, False)
+            if problem is None:
+                fields["lastUpdate"] = st.succeeded_update(run, result.permalink, utc_now())
+                post_event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack", revision=revision)
+            else:
+                fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run,
+                                                        st.OUTPUTS_SECRET_FAILED, problem, result.permalink, utc_now())
+                post_event(session.body, st.EVENT_OUTPUT_FAILURE, problem, warning=True)
+        else:
+            conflict = result.outcome == "conflict"
+            refused = approval is not None and bool(approval.digest) and plan_refused(result.message)
+            reason = PLAN_REFUSED if refused else result.reason or {
+                "conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(result.outcome,
+                                                                                   st.STALLED_UPDATE_FAILED)
+            fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, result.message,
+                                                    result.permalink, utc_now())
+            if refused:
+                # Never applied again: the next pass previews a new plan, which needs a new approval.
+                await _drop_plan(session)
+                fields["plan"] = None
+                post_event(session.body, EVENT_PLAN_REFUSED, f"The engine refused the approved plan {approval.digest}: "
+                       f"{result.message}", warning=True, revision=revision)
+            post_event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
+                   f"Failed to update stack: {result.message}", warning=True, revision=revision)
+        if approval is not None and approval.digest:
+            fields["lastUpdate"]["plan"] = approval.digest
+        # Planned as the status now stands: this run answered the Flux request (lastHandledReconcileAt).
+        after = plan_stack(spec, session.generation, session.requests.answered(), fields["lastUpdate"], revision,
+                           utc_now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
+        # The run just recorded answers the plan; if planning wants another run now (e.g. the cooldown is 0)
+        # come back immediately rather than writing a misleading verdict.
+        await session.write(after.verdict or st.Verdict("reconciling", st.RECONCILING_PROCESSING, after.message),
+                            drifted=(False, "") if "drift" in fields else None, **fields)
+        waves = parse_waves(handle) if spec.source_kind == "program" else None
+        if waves:  # this run moved the Program's rollout on: say so on the Program
+            program = await ctx.kube.get_program(session.namespace, handle["metadata"]["name"]) or handle
+            await write_rollout_progress(session, program, waves, await rollout_stacks(session, program), revision)
+        if after.run:
+            return 0.0
+        _, next_check = drift_check_due(spec, fields["lastUpdate"], fields.get("drift", session.status.get("drift")),
+                                        utc_now(), ctx.settings.min_resync_seconds)
+        return soonest(after.requeue_after, next_check)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _keep_last_successful(project: Path, dest: Path) -> None:
+    """The project of the last successful update: what destroy uses when the source is gone."""
+    staging = dest.with_name(dest.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(project, staging, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    shutil.rmtree(dest, ignore_errors=True)
+    staging.rename(dest)

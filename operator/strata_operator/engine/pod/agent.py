@@ -1,0 +1,249 @@
+"""The workspace agent: `python -m strata_operator.engine.pod.agent`, the process of a Stack's workspace pod (pod executor).
+
+It serves HTTPS on STRATA_AGENT_PORT with the key pair in STRATA_AGENT_DIR and accepts only requests
+bearing that directory's token. The operator uploads the program's source (a tarball named by its
+sha256), then asks for operations; each runs exactly as under the process executor, through an
+`AutomationEngine` inside the pod (a forked worker per operation, the Stack's environment only),
+with the references the kubelet resolved (Secrets as the pod's environment) filled in here. An
+operation outlives the connection that asked for it: an operator that dies mid-update leaves the
+update to finish, and its successor's `recover` waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import ssl
+import tempfile
+import time
+import typing
+from pathlib import Path
+
+from aiohttp import web
+
+from ...api.status import OUT_OF_MEMORY
+from ...api.workspace_values import ConfigItem, ConfigUnavailable, MountedRefs, config_values
+from ...services.redaction import REDACTOR, install_log_redaction
+from ...sources.archive import SourceError, safe_extract
+from ..port import Operation, UpdateRequest, UpdateResult
+from ..process.executor import AutomationEngine, EngineSettings
+from .bundle import BUNDLE_ENV, launcher
+from .workspace_pod import RESOURCES_FIELD_ENV, RefUnavailable, resolve_in_workspace
+
+MAX_SOURCE_BYTES = 512 * 1024 * 1024
+KEEP_SOURCES = 2
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+OPERATIONS = frozenset(typing.get_args(Operation))
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+log = logging.getLogger("strata_operator.engine.pod.agent")  # not __name__: run as __main__
+
+
+class Agent:
+    def __init__(self, workspace: Path, token: str, engine: AutomationEngine):
+        self.workspace, self.token, self.engine = workspace, token, engine
+        self.sources = workspace / "sources"
+        self.sources.mkdir(parents=True, exist_ok=True)
+
+    @web.middleware
+    async def authenticate(self, request: web.Request, handler):
+        if request.path == "/healthz":
+            return await handler(request)
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.encode(), self.token.encode()):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return await handler(request)
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    def _source_dir(self, request: web.Request) -> Path:
+        digest = request.match_info["digest"]
+        if not _DIGEST.match(digest):
+            raise web.HTTPBadRequest(text="a source is named by its sha256")
+        return self.sources / digest
+
+    async def has_source(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self._source_dir(request).is_dir() else 404)
+
+    async def put_source(self, request: web.Request) -> web.Response:
+        dest = self._source_dir(request)
+        if dest.is_dir():
+            return web.Response(status=200)
+        digest, size = hashlib.sha256(), 0
+        with tempfile.NamedTemporaryFile(dir=self.sources, suffix=".tar.gz", delete=False) as archive:
+            async for chunk in request.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > MAX_SOURCE_BYTES:
+                    Path(archive.name).unlink()
+                    raise web.HTTPRequestEntityTooLarge(max_size=MAX_SOURCE_BYTES, actual_size=size)
+                digest.update(chunk)
+                archive.write(chunk)
+        try:
+            if digest.hexdigest() != dest.name:
+                raise web.HTTPBadRequest(text="the source does not match its digest")
+            staging = Path(tempfile.mkdtemp(dir=self.sources, prefix=".staging-"))
+            try:
+                await asyncio.to_thread(safe_extract, Path(archive.name), staging)
+            except SourceError as err:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise web.HTTPBadRequest(text=str(err)) from None
+            staging.rename(dest)
+        finally:
+            Path(archive.name).unlink(missing_ok=True)
+        self._prune(keep=dest)
+        return web.Response(status=201)
+
+    def _prune(self, keep: Path) -> None:
+        """Keep the newest sources only (one in use, one to go back to)."""
+        found = sorted((p for p in self.sources.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                       key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in [p for p in found if p != keep][KEEP_SOURCES - 1:]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    async def run(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        operation = body.get("operation")
+        if operation not in OPERATIONS:
+            raise web.HTTPBadRequest(text=f"unknown operation {operation!r}")
+        update = UpdateRequest.from_json(body["request"])
+        if body.get("local_dir"):
+            # spec.workspaceTemplate.spec.local.dir: a directory of this pod (its image, or a volume).
+            project = Path(str(body["local_dir"]))
+            if not project.is_absolute() or not (project / "Pulumi.yaml").is_file() \
+                    and not (project / "Pulumi.yml").is_file():
+                failure = UpdateResult("blocked", f"spec.workspaceTemplate.spec.local.dir: {project} holds no Pulumi "
+                                                  "project (Pulumi.yaml) in the workspace pod; mount the program there "
+                                                  "(a volume through spec.workspaceTemplate.spec.podTemplate)")
+                return web.json_response({"result": json.loads(failure.to_json())})
+            # A copy to run in: the directory may be read-only (a ConfigMap volume, the image), and the
+            # update writes the stack's settings file beside Pulumi.yaml.
+            copy = self.workspace / "local"
+            shutil.rmtree(copy, ignore_errors=True)
+            await asyncio.to_thread(shutil.copytree, project, copy)
+            project = copy
+        else:
+            project = self.sources / str(body.get("source", "")) / str(body.get("subdir", "."))
+            if not _DIGEST.match(str(body.get("source", ""))) or not project.is_dir() \
+                    or not project.resolve().is_relative_to(self.sources.resolve()):
+                return web.json_response({"error": "source missing: upload it first"}, status=409)
+        try:
+            env, secret_config, secret_env = resolve_in_workspace(MountedRefs.from_json(update.mounted),
+                                                                  os.environ, update.env)
+            config, item_secrets = config_values(map(ConfigItem.from_json, update.env_config),
+                                                 {**(self.engine.settings.inherited_env or {}), **env})
+        except (RefUnavailable, ConfigUnavailable) as err:
+            return web.json_response({"result": json.loads(UpdateResult("failed", str(err)).to_json())})
+        REDACTOR.add(*item_secrets.values())
+        secret_config = {**secret_config, **item_secrets}
+        plan_file = ""
+        if update.plan_file:
+            plans = self.workspace / "plans"
+            plans.mkdir(exist_ok=True)
+            plan_file = str(plans / f"{operation}.json")
+            Path(plan_file).unlink(missing_ok=True)
+            if body.get("plan"):
+                Path(plan_file).write_bytes(base64.b64decode(body["plan"]))
+        update = dataclasses.replace(
+            update, project_dir=str(project), env=env, config={**update.config, **config},
+            secret_config={**update.secret_config, **secret_config},
+            secret_env=tuple(sorted({*update.secret_env, *secret_env})), plan_file=plan_file, mounted={})
+        oom_before, started = cgroup_oom_kills(CGROUP_ROOT), time.time()
+        result = await self.engine.run(operation, update)
+        if not result.ok and (cgroup_oom_kills(CGROUP_ROOT) or 0) > (oom_before or 0):
+            result = await self._out_of_memory(operation, update, result, started)
+        answer = {"result": json.loads(result.to_json())}
+        if operation == "preview" and plan_file and Path(plan_file).is_file():
+            answer["plan"] = base64.b64encode(Path(plan_file).read_bytes()).decode()
+        return web.json_response(answer)
+
+    async def _out_of_memory(self, operation: str, update: UpdateRequest, result: UpdateResult,
+                             started: float) -> UpdateResult:
+        """The kernel killed a process of the update for the pod's memory limit: say so, with the field that
+        raises it, and clear the lock a killed `pulumi` left, as after any interrupted run."""
+        recovered = await self.engine.run("recover", dataclasses.replace(
+            update, interrupted_host=socket.gethostname(), interrupted_since=started))
+        limit = cgroup_memory_limit(CGROUP_ROOT)
+        field = os.environ.get(RESOURCES_FIELD_ENV, "spec.workspaceTemplate.spec.resources")
+        message = (f"the workspace pod ran out of memory: the kernel killed a process of the {operation} at the "
+                   f"pod's limit{f' of {limit // (1 << 20)} MiB' if limit else ''}; raise {field}.limits.memory "
+                   f"({result.message})")
+        if not recovered.ok:
+            message += f"; clearing the killed run's lock failed: {recovered.message}"
+        return dataclasses.replace(result, message=message, reason=OUT_OF_MEMORY)
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"cancelled": await self.engine.cancel(str(body.get("stack_key", "")))})
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self.authenticate], client_max_size=MAX_SOURCE_BYTES)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_route("HEAD", "/sources/{digest}", self.has_source)
+        app.router.add_put("/sources/{digest}", self.put_source)
+        app.router.add_post("/run", self.run)
+        app.router.add_post("/cancel", self.cancel)
+        return app
+
+
+def cgroup_oom_kills(root: Path) -> int | None:
+    """How many processes the kernel's OOM killer has killed in this container's memory cgroup (v2's
+    memory.events, v1's memory.oom_control); None where neither is readable."""
+    for path in (root / "memory.events", root / "memory" / "memory.oom_control"):
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def cgroup_memory_limit(root: Path) -> int | None:
+    """The container's memory limit in bytes (None: unlimited or unknown)."""
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        return int(text) if text.isdigit() and int(text) < 1 << 60 else None
+    return None
+
+
+def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) -> EngineSettings:
+    """Updates run in the pod's own environment (its image's PATH and ENV, workspaceTemplate's env and
+    envFrom), less the agent's variables; the pulumi CLI is the image's when it has one (PKO's workspace
+    image holds it), else the operator's, which a foreign image gets through the bundle (bundle.py)."""
+    bundle = environ.get(BUNDLE_ENV, "")
+    path = os.pathsep.join(filter(None, [environ.get("PATH", ""), str(Path(bundle) / "bin") if bundle else ""]))
+    return EngineSettings(
+        state_dir=workspace / "state", concurrency=2, plugin_cache=workspace / "plugins", host_path=path,
+        inherited_env={name: value for name, value in environ.items() if not name.startswith("STRATA_")},
+        python_command=tuple(launcher(Path(bundle))) if bundle else ())
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
+    credentials = Path(os.environ.get("STRATA_AGENT_DIR", "/var/run/strata/agent"))
+    workspace = Path(os.environ.get("STRATA_WORKSPACE", "/workspace"))
+    port = int(os.environ.get("STRATA_AGENT_PORT", "8443"))
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(credentials / "tls.crt", credentials / "tls.key")
+    engine = AutomationEngine(agent_engine_settings(os.environ, workspace))
+    agent = Agent(workspace, (credentials / "token").read_text().strip(), engine)
+    log.info("workspace agent on :%d; %s", port, engine.settings.summary())
+    web.run_app(agent.app(), port=port, ssl_context=tls, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,361 @@
+"""The pod executor: `Engine` on one workspace pod per Stack (`--executor pod`).
+
+Each operation: make sure the Stack's workspace exists as its spec says (ServiceAccount, agent Secret,
+pod; a pod built from an older spec is replaced first), upload the program's source unless the pod
+has it (a deterministic tarball, named by its sha256), then ask the pod's agent to run the operation.
+What the Stack's Secrets hold never passes through here: the pod gets them from the kubelet.
+
+A pod lost mid-operation (deleted, OOM-killed, its node restarted) ends the operation as interrupted
+(`UpdateInterrupted`, retried at once); the next operation first clears what the lost run left in the
+backend, the lock it took under the pod's hostname, exactly as after an operator restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import ssl
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ...api import AUTO_GROUP, AUTO_VERSION, GROUP, VERSION
+from ...api.status import OUT_OF_MEMORY, UPDATE_INTERRUPTED, WORKSPACE_FAILED
+from ...api.workspace_values import MountedRefs
+from ...services.kube import Kube
+from ...services.redaction import REDACTOR, redact
+from ..port import Operation, SerializedEngine, UpdateRequest, UpdateResult
+from ..process.executor import EngineSettings
+from .workspace_pod import (AGENT_PORT, WorkspaceCredentials, WorkspaceNames, WorkspacePodArgs, build_agent_secret,
+                            build_service_account, build_workspace_pod, last_termination, mint_credentials, pod_problem,
+                            pod_ready, restarted, spec_hash)
+
+POLL_SECONDS = 0.5
+# Updates run on the cluster's nodes, placed by its scheduler; the operator only waits on them.
+DEFAULT_POD_CONCURRENCY = 50
+CONTROL_TIMEOUT = aiohttp.ClientTimeout(total=60, sock_connect=10)
+
+
+class WorkspaceError(Exception):
+    """The workspace pod cannot be had; the message says why and names the Stack's field at fault."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceSettings:
+    image: str
+    """The operator image: its agent, pulumi CLI and language hosts run the updates."""
+    image_pull_policy: str = "IfNotPresent"
+    node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    start_timeout_seconds: float = 300.0
+
+
+@dataclasses.dataclass
+class Workspace:
+    """A running workspace pod as the operator reaches it."""
+
+    pod: str
+    uid: str
+    address: str
+    server_name: str
+    tls: ssl.SSLContext
+    token: str = dataclasses.field(repr=False)
+    restarts: int = 0
+
+    def options(self) -> dict[str, Any]:
+        """Every request's: the pinned certificate, the name it is for, the token."""
+        return {"ssl": self.tls, "server_hostname": self.server_name,
+                "headers": {"Authorization": f"Bearer {self.token}"}}
+
+
+def source_archive(root: Path) -> tuple[bytes, str]:
+    """The source as a gzipped tarball that depends on its content only (sorted, no times or owners,
+    no .git), and its sha256: the same program is uploaded once."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
+        for path in sorted(root.rglob("*")):
+            relative = path.relative_to(root)
+            if ".git" in relative.parts:
+                continue
+            info = tar.gettarinfo(str(path), arcname=relative.as_posix())
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if info.isfile():
+                with open(path, "rb") as handle:
+                    tar.addfile(info, handle)
+            elif info.isdir() or info.issym():
+                tar.addfile(info)
+    data = buffer.getvalue()
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class PodEngine(SerializedEngine):
+    """`Engine` on workspace pods, one per Stack, driven over HTTPS with a per-workspace token."""
+
+    in_workspace_pods = True
+
+    def __init__(self, settings: EngineSettings, workspace: WorkspaceSettings, kube: Kube):
+        super().__init__(settings.concurrency)
+        self.settings, self.workspace, self.kube = settings, workspace, kube
+        self._running: dict[str, Workspace] = {}
+        self._known: dict[str, Workspace] = {}
+        # Stacks whose last run died with its pod: (the pod's hostname, when that run started).
+        self._interrupted: dict[str, tuple[str, float]] = {}
+        self._http: tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession] | None = None
+
+    async def start(self) -> None:
+        """Nothing to start ahead: each Stack's pod starts with its first operation."""
+
+    async def recover(self, request: UpdateRequest) -> UpdateResult:
+        # The interrupted run took its lock under the pod's hostname, not the operator's.
+        return await self.run("recover", dataclasses.replace(request,
+                                                             interrupted_host=WorkspaceNames.of(request.stack_key).pod))
+
+    async def prepare(self, request: UpdateRequest) -> str:
+        """Start the workspace pod ahead of its first operation (a PKO Workspace turns Ready with its pod):
+        why it cannot start, or ""."""
+        async with self._locks.setdefault(request.stack_key, asyncio.Lock()):
+            try:
+                await self._workspace(request)
+            except WorkspaceError as err:
+                return redact(str(err))
+        return ""
+
+    def forget(self, stack_key: str) -> None:
+        super().forget(stack_key)
+        if not self.busy(stack_key):
+            self._known.pop(stack_key, None)
+            self._interrupted.pop(stack_key, None)
+
+    async def cancel(self, stack_key: str) -> bool:
+        workspace = self._running.get(stack_key)
+        if workspace is None:
+            return False
+        await self._control(workspace, "/cancel", {"stack_key": stack_key})
+        return True
+
+    def _session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http[0] is not loop or self._http[1].closed:
+            self._http = (loop, aiohttp.ClientSession())
+        return self._http[1]
+
+    async def _control(self, workspace: Workspace, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self._session().post(f"{workspace.address}{path}", json=body, timeout=CONTROL_TIMEOUT,
+                                        **workspace.options()) as response:
+            response.raise_for_status()
+            return await response.json()
+
+    async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
+        started, started_at = time.monotonic(), time.time()
+        workspace: Workspace | None = None
+        try:
+            workspace = await self._workspace(request)
+            self._running[request.stack_key] = workspace
+            await self._recover_lost_run(workspace, request)
+            answer = await self._operate(workspace, operation, request)
+        except WorkspaceError as err:
+            return UpdateResult("failed", redact(str(err)), reason=WORKSPACE_FAILED,
+                                duration=time.monotonic() - started)
+        except asyncio.TimeoutError:
+            if workspace is not None:
+                await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
+            return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
+                                duration=time.monotonic() - started)
+        except aiohttp.ClientConnectorError as err:
+            # Nothing ran: the pod does not answer (its node restarting, say). Retried with backoff.
+            self._known.pop(request.stack_key, None)
+            return UpdateResult("failed", redact(f"the workspace pod does not answer: {err}"),
+                                reason=WORKSPACE_FAILED, duration=time.monotonic() - started)
+        except aiohttp.ClientError as err:
+            return await self._lost(request, operation, workspace, err, started, started_at)
+        except asyncio.CancelledError:
+            if workspace is not None:
+                await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
+            raise
+        finally:
+            self._running.pop(request.stack_key, None)
+        result = UpdateResult.from_json(json.dumps(answer["result"]), time.monotonic() - started)
+        if operation == "preview" and request.plan_file and answer.get("plan"):
+            Path(request.plan_file).write_bytes(base64.b64decode(answer["plan"]))
+        if operation == "up" and result.ok and request.reclaim_workspace:
+            await self._reclaim(request)
+        return result
+
+    async def _cancel_quietly(self, workspace: Workspace, stack_key: str) -> None:
+        try:
+            await self._control(workspace, "/cancel", {"stack_key": stack_key})
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass  # the pod is gone: nothing runs to cancel
+
+    async def _upload(self, workspace: Workspace, request: UpdateRequest) -> dict[str, str]:
+        """The program's source in the pod (uploaded unless it has it): where the agent finds the project."""
+        root = Path(request.source_root or request.project_dir)
+        data, digest = await asyncio.to_thread(source_archive, root)
+        session = self._session()
+        tls = workspace.options()
+        async with session.head(f"{workspace.address}/sources/{digest}", timeout=CONTROL_TIMEOUT, **tls) as response:
+            present = response.status == 200
+        if not present:
+            async with session.put(f"{workspace.address}/sources/{digest}", data=data, timeout=CONTROL_TIMEOUT,
+                                   **tls) as response:
+                if response.status >= 400:
+                    raise WorkspaceError(f"the workspace refused the program's source: {await response.text()}")
+        return {"source": digest,
+                "subdir": Path(request.project_dir).relative_to(root).as_posix() if request.source_root else "."}
+
+    async def _operate(self, workspace: Workspace, operation: Operation, request: UpdateRequest) -> dict[str, Any]:
+        session = self._session()
+        tls = workspace.options()
+        where = {"local_dir": request.local_dir} if request.local_dir else await self._upload(workspace, request)
+        body: dict[str, Any] = {"operation": operation, **where, "request": json.loads(request.to_json(operation))}
+        if request.plan_file and operation == "up" and Path(request.plan_file).is_file():
+            body["plan"] = base64.b64encode(Path(request.plan_file).read_bytes()).decode()
+        timeout = aiohttp.ClientTimeout(total=self.settings.timeout_seconds, sock_connect=10)
+        async with session.post(f"{workspace.address}/run", json=body, timeout=timeout, **tls) as response:
+            if response.status != 200:
+                raise WorkspaceError(f"the workspace agent refused the {operation}: {response.status} "
+                                     f"{(await response.text())[:300]}")
+            return await response.json()
+
+    async def _recover_lost_run(self, workspace: Workspace, request: UpdateRequest) -> None:
+        lost = self._interrupted.get(request.stack_key)
+        if lost is None:
+            return
+        host, since = lost
+        recover = dataclasses.replace(request, interrupted_host=host, interrupted_since=since)
+        answer = await self._operate(workspace, "recover", recover)  # raising, it stays to do next time
+        if answer["result"].get("outcome") != "succeeded":
+            raise WorkspaceError(f"clearing the lost run's lock failed: {answer['result'].get('message', '')}")
+        del self._interrupted[request.stack_key]
+
+    async def _lost(self, request: UpdateRequest, operation: Operation, workspace: Workspace | None,
+                    err: Exception, started: float, started_at: float) -> UpdateResult:
+        """The connection to the pod broke mid-operation: say what happened to the pod."""
+        names = WorkspaceNames.of(request.stack_key)
+        self._known.pop(request.stack_key, None)
+        pod = await self.kube.get_pod(names.namespace, names.pod)
+        if workspace is None:
+            what = f"the workspace pod could not be reached: {err}"
+        elif pod is None or pod["metadata"]["uid"] != workspace.uid or pod["metadata"].get("deletionTimestamp"):
+            what = f"the workspace pod {workspace.pod} was deleted"
+        elif restarted(pod) > workspace.restarts:
+            what = f"the workspace pod {workspace.pod} restarted ({last_termination(pod) or 'its node restarted'})"
+        else:
+            what = f"the connection to the workspace pod {workspace.pod} broke ({err})"
+        if operation not in ("outputs", "recover"):
+            self._interrupted[request.stack_key] = (names.pod, started_at)
+        if pod is not None and last_termination(pod).startswith("OOMKilled") and restarted(pod) > workspace.restarts:
+            # Run again at once, it would be killed again: a failure, retried with backoff once the limit is raised.
+            return UpdateResult("failed", redact(f"{what} during the {operation}: the workspace pod ran out of "
+                                                 f"memory; raise {names.resources_field}.limits.memory"),
+                                reason=OUT_OF_MEMORY, duration=time.monotonic() - started)
+        return UpdateResult("failed", redact(f"{what} during the {operation}; it is run again"),
+                            reason=UPDATE_INTERRUPTED, duration=time.monotonic() - started)
+
+    async def _reclaim(self, request: UpdateRequest) -> None:
+        names = WorkspaceNames.of(request.stack_key)
+        self._known.pop(request.stack_key, None)
+        await self.kube.delete_pod(names.namespace, names.pod)
+
+    async def _owner(self, names: WorkspaceNames) -> dict[str, Any]:
+        if names.is_workspace_object:
+            owner = await self.kube.get_custom(AUTO_GROUP, AUTO_VERSION, "workspaces", names.namespace, names.owner)
+            api_version, kind = f"{AUTO_GROUP}/{AUTO_VERSION}", "Workspace"
+        else:
+            owner = await self.kube.get_stack(names.namespace, names.owner)
+            api_version, kind = f"{GROUP}/{VERSION}", "Stack"
+        if owner is None:
+            raise WorkspaceError(f"{kind} {names.namespace}/{names.owner} is gone")
+        return {"apiVersion": api_version, "kind": kind, "name": names.owner, "uid": owner["metadata"]["uid"],
+                "controller": True}
+
+    def _desired_pod(self, request: UpdateRequest, owner: dict[str, Any]) -> dict[str, Any]:
+        names = WorkspaceNames.of(request.stack_key)
+        template = dict(request.workspace_template or {})
+        service_account = (request.service_account or (template.get("spec") or {}).get("serviceAccountName")
+                           or names.service_account or "default")
+        return build_workspace_pod(WorkspacePodArgs(
+            names=names, owner=owner, image=self.workspace.image,
+            service_account=service_account, mounted=MountedRefs.from_json(request.mounted), template=template,
+            image_pull_policy=self.workspace.image_pull_policy, node_selector=self.workspace.node_selector,
+            tolerations=self.workspace.tolerations))
+
+    async def _credentials(self, names: WorkspaceNames, owner: dict[str, Any]) -> WorkspaceCredentials:
+        data = await self.kube.secret_bytes(names.namespace, names.agent_secret)
+        credentials = WorkspaceCredentials.from_secret_data(data) if data is not None else None
+        if credentials is None:
+            credentials = mint_credentials(names.server_name)
+            await self.kube.write_secret(names.namespace, names.agent_secret, credentials.secret_data(),
+                                         build_agent_secret(names, owner, credentials)["metadata"]["labels"], owner)
+        REDACTOR.add(credentials.token)
+        return credentials
+
+    async def _workspace(self, request: UpdateRequest) -> Workspace:
+        """The Stack's running workspace pod, created or replaced as needed; waits until its agent answers."""
+        names = WorkspaceNames.of(request.stack_key)
+        namespace = names.namespace
+        pod = await self.kube.get_pod(namespace, names.pod)
+        known = self._known.get(request.stack_key)
+        if pod is not None and known is not None and pod["metadata"]["uid"] == known.uid and pod_ready(pod) \
+                and spec_hash(pod) == spec_hash(self._desired_pod(request, pod["metadata"]["ownerReferences"][0])):
+            # A restarted node can give the same pod a new address.
+            known.address, known.restarts = f"https://{pod['status']['podIP']}:{AGENT_PORT}", restarted(pod)
+            return known
+        owner = await self._owner(names)
+        desired = self._desired_pod(request, owner)
+        if names.service_account and not request.service_account \
+                and not (request.workspace_template.get("spec") or {}).get("serviceAccountName"):
+            await self.kube.create_service_account(namespace, build_service_account(names, owner))
+        credentials = await self._credentials(names, owner)
+        if pod is not None and (spec_hash(pod) != spec_hash(desired) or pod["metadata"].get("deletionTimestamp")
+                                or (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")):
+            await self.kube.delete_pod(namespace, names.pod)
+            await self._wait_gone(namespace, names.pod, pod["metadata"]["uid"])
+            pod = None
+        if pod is None:
+            pod = await self.kube.create_pod(namespace, desired)
+        pod = await self._wait_ready(namespace, pod, MountedRefs.from_json(request.mounted))
+        tls = ssl.create_default_context(cadata=credentials.certificate)
+        workspace = Workspace(pod=names.pod, uid=pod["metadata"]["uid"],
+                              address=f"https://{pod['status']['podIP']}:{AGENT_PORT}",
+                              server_name=names.server_name, tls=tls, token=credentials.token,
+                              restarts=restarted(pod))
+        self._known[request.stack_key] = workspace
+        return workspace
+
+    async def _wait_gone(self, namespace: str, name: str, uid: str) -> None:
+        deadline = time.monotonic() + self.workspace.start_timeout_seconds
+        while time.monotonic() < deadline:
+            pod = await self.kube.get_pod(namespace, name)
+            if pod is None or pod["metadata"]["uid"] != uid:
+                return
+            await asyncio.sleep(POLL_SECONDS)
+        raise WorkspaceError(f"the old workspace pod {namespace}/{name} did not go away within "
+                             f"{self.workspace.start_timeout_seconds:g}s")
+
+    async def _wait_ready(self, namespace: str, pod: dict[str, Any], mounted: MountedRefs) -> dict[str, Any]:
+        name = pod["metadata"]["name"]
+        deadline = time.monotonic() + self.workspace.start_timeout_seconds
+        while True:
+            if pod_ready(pod) and (pod.get("status") or {}).get("podIP"):
+                return pod
+            problem = pod_problem(pod, mounted)
+            if problem:
+                raise WorkspaceError(problem)
+            if time.monotonic() > deadline:
+                raise WorkspaceError(f"the workspace pod {namespace}/{name} was not ready within "
+                                     f"{self.workspace.start_timeout_seconds:g}s (phase "
+                                     f"{(pod.get('status') or {}).get('phase', 'unknown')})")
+            await asyncio.sleep(POLL_SECONDS)
+            fresh = await self.kube.get_pod(namespace, name)
+            if fresh is None:
+                raise WorkspaceError(f"the workspace pod {namespace}/{name} was deleted while starting")
+            pod = fresh

@@ -1,0 +1,231 @@
+"""The engine port: the one interface between the operator and Pulumi (`Engine`), the request and result
+of one operation, and what both executors share (`SerializedEngine`: one operation per Stack at a
+time, at most `concurrency` at once).
+
+Controllers call only this. The executors are process/ (a forked worker per operation on the
+operator's host) and pod/ (a workspace pod per Stack, whose agent runs the process executor inside).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol
+
+from ..services.redaction import REDACTOR, redact
+
+Operation = Literal["preview", "up", "refresh", "destroy", "outputs", "remove", "recover"]
+# "blocked": failed in a way that retrying cannot fix (a plugin missing everywhere, a backend directory
+# that cannot be created); the Stack waits for a change instead of retrying.
+Outcome = Literal["succeeded", "failed", "conflict", "cancelled", "blocked"]
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateRequest:
+    """Everything one operation needs; `secret_config` values and the `env` entries named in `secret_env`
+    are secret (the worker redacts those, and only those, from what it reports)."""
+
+    stack_key: str  # <namespace>/<name> of the Stack object: the unit of mutual exclusion
+    stack_name: str  # spec.stack
+    project_dir: str
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    secret_env: tuple[str, ...] = ()
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    secret_config: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    secrets_provider: str = ""
+    create: bool = True
+    refresh: bool = False
+    expect_no_refresh_changes: bool = False
+    targets: tuple[str, ...] = ()
+    target_dependents: bool = False
+    environments: tuple[str, ...] = ()
+    message: str = ""
+    run_program: bool = False  # destroy: run the program too (spec.runProgram)
+    # up: read the outputs' real values (one `stack output --show-secrets` when some are secret), for
+    # spec.outputsSecret and for the digests of secret outputs that dependents compare.
+    real_outputs: bool = False
+    # Manual approval: preview saves its plan here; up applies exactly the plan found here.
+    plan_file: str = ""
+    # Drift detection: refresh only previews (what changed outside Pulumi), writing nothing.
+    preview_only: bool = False
+    # For `recover`: the interrupted run's host and start time (seconds since the epoch).
+    interrupted_host: str = ""
+    interrupted_since: float = 0.0
+    # PKO v2's Update options (auto.pulumi.com): fail on any change (preview, up, refresh), go on past
+    # resource errors (up, destroy), resources to replace (preview, up), at most this many resource
+    # operations at once (0: the CLI's default).
+    expect_no_changes: bool = False
+    continue_on_error: bool = False
+    replace: tuple[str, ...] = ()
+    parallel: int = 0
+    # The pod executor's: where the workspace pod goes and what it runs as (the process executor ignores them).
+    service_account: str = ""  # spec.serviceAccountName; empty: a per-Stack one with no rights
+    workspace_template: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # spec.workspaceTemplate
+    reclaim_workspace: bool = False  # spec.workspaceReclaimPolicy Delete: no pod kept between updates
+    # The references the workspace resolves itself (workspace.MountedRefs.to_json()); the process
+    # executor's requests carry their values in env and secret_config instead.
+    mounted: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    source_root: str = ""  # the materialised source holding project_dir (sent whole to a workspace pod)
+    local_dir: str = ""  # the program is this directory of the workspace pod (nothing is uploaded)
+    # A PKO v2 Workspace stack's config items (api.workspace_values.ConfigItem.to_json()), resolved by the
+    # workspace pod's agent: their valueFrom.env is the pod's own environment, which the operator never reads.
+    env_config: tuple[Mapping[str, Any], ...] = ()
+
+    def to_json(self, operation: Operation) -> str:
+        body = dataclasses.asdict(self)
+        body["operation"] = operation
+        return json.dumps(body)
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "UpdateRequest":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        return cls(**{name: tuple(value) if isinstance(value, list) else value
+                      for name, value in body.items() if name in fields})
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateResult:
+    outcome: Outcome
+    message: str = ""
+    outputs: dict[str, tuple[Any, bool]] = dataclasses.field(default_factory=dict)
+    permalink: str = ""
+    summary: dict[str, int] = dataclasses.field(default_factory=dict)
+    duration: float = 0.0
+    reason: str = ""  # a failure's PKO reason when more specific than the outcome's (WorkspaceFailed)
+    # up with real_outputs: every output's real value, secret ones included. Never in repr, and each secret
+    # one is registered with the REDACTOR as soon as it arrives.
+    real_outputs: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+    outputs_error: str = ""  # why real_outputs could not be read
+    output_digests: dict[str, str] = dataclasses.field(default_factory=dict)
+    outputs_digest: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "succeeded"
+
+    def to_json(self) -> str:
+        """The worker's result line, which `from_json` reads (the workspace agent sends it on)."""
+        return json.dumps({
+            "outcome": self.outcome, "message": self.message, "permalink": self.permalink, "summary": self.summary,
+            "outputs": {k: {"value": v, "secret": secret} for k, (v, secret) in self.outputs.items()},
+            "reason": self.reason, "real_outputs": self.real_outputs, "outputs_error": self.outputs_error,
+            "output_digests": self.output_digests, "outputs_digest": self.outputs_digest})
+
+    @classmethod
+    def from_json(cls, text: str, duration: float) -> "UpdateResult":
+        body = json.loads(text)
+        outputs = {k: (v["value"], bool(v["secret"])) for k, v in body.get("outputs", {}).items()}
+        real = body.get("real_outputs")
+        register_secret_outputs(outputs, real)
+        return cls(body["outcome"], redact(body.get("message", "")), outputs, body.get("permalink", ""),
+                   body.get("summary", {}), duration, body.get("reason", ""), real,
+                   redact(body.get("outputs_error", "")), dict(body.get("output_digests") or {}),
+                   body.get("outputs_digest", ""))
+
+
+def register_secret_outputs(outputs: dict[str, tuple[Any, bool]], real: dict[str, Any] | None) -> None:
+    """Add the real values of the secret outputs to the REDACTOR (idempotent)."""
+    for name, (_, secret) in outputs.items():
+        if secret and real is not None and name in real:
+            REDACTOR.add(*_secret_strings(real[name]))
+
+
+def _secret_strings(value: Any) -> list[str]:
+    """A secret output's value as text (as written to a Secret) and each string inside it."""
+    found = [value if isinstance(value, str) else json.dumps(value, sort_keys=True)]
+    if isinstance(value, dict):
+        for item in value.values():
+            found += _secret_strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            found += _secret_strings(item)
+    elif not isinstance(value, str) and value is not None:
+        found.append(str(value))
+    return found
+
+
+class Engine(Protocol):
+    """The operator's only way to run Pulumi."""
+
+    in_workspace_pods: bool
+    """Updates run in a pod per Stack under its ServiceAccount, which resolves the Stack's Secret, Env and
+    FS refs itself (requests carry them in `mounted`); otherwise in processes the operator forks, which
+    get every value in the request."""
+
+    async def preview(self, request: UpdateRequest) -> UpdateResult: ...
+
+    async def up(self, request: UpdateRequest) -> UpdateResult: ...
+
+    async def refresh(self, request: UpdateRequest) -> UpdateResult: ...
+
+    async def destroy(self, request: UpdateRequest) -> UpdateResult: ...
+
+    async def outputs(self, request: UpdateRequest) -> UpdateResult: ...
+
+    async def remove_stack(self, request: UpdateRequest) -> UpdateResult: ...
+
+    async def recover(self, request: UpdateRequest) -> UpdateResult:
+        """Clear what a run killed mid-update left behind (its lock, a truncated checkpoint)."""
+
+    async def cancel(self, stack_key: str) -> bool:
+        """Interrupt the Stack's running operation, if any; True if one was running."""
+
+    def busy(self, stack_key: str) -> bool: ...
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run at all (no CLI); the message names the fix."""
+
+
+class SerializedEngine:
+    """What every executor shares: one operation per Stack at a time, at most `concurrency` at once, and
+    each `Engine` operation one `run` of its name (the executor's `_run_locked`)."""
+
+    in_workspace_pods = False
+
+    def __init__(self, concurrency: int):
+        self._slots = asyncio.Semaphore(concurrency)
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def busy(self, stack_key: str) -> bool:
+        lock = self._locks.get(stack_key)
+        return lock is not None and lock.locked()
+
+    def forget(self, stack_key: str) -> None:
+        """The object is gone: its lock goes too, unless an operation still holds it (a fleet's churn
+        would otherwise keep one per Stack ever seen)."""
+        lock = self._locks.get(stack_key)
+        if lock is not None and not lock.locked():
+            del self._locks[stack_key]
+
+    async def run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
+        REDACTOR.add(*request.secret_config.values())
+        lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
+        async with lock, self._slots:
+            return await self._run_locked(operation, request)
+
+    async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
+        raise NotImplementedError
+
+    async def preview(self, request: UpdateRequest) -> UpdateResult:
+        return await self.run("preview", request)
+
+    async def up(self, request: UpdateRequest) -> UpdateResult:
+        return await self.run("up", request)
+
+    async def refresh(self, request: UpdateRequest) -> UpdateResult:
+        return await self.run("refresh", request)
+
+    async def destroy(self, request: UpdateRequest) -> UpdateResult:
+        return await self.run("destroy", request)
+
+    async def outputs(self, request: UpdateRequest) -> UpdateResult:
+        return await self.run("outputs", request)
+
+    async def remove_stack(self, request: UpdateRequest) -> UpdateResult:
+        return await self.run("remove", request)
+
+    async def recover(self, request: UpdateRequest) -> UpdateResult:
+        return await self.run("recover", request)
