@@ -185,7 +185,7 @@ def _env(raw: dict[str, Any], issues: list[SpecIssue]) -> tuple[tuple[EnvVar, ..
             env.append(EnvVar(name, secret=_key_ref(source["secretKeyRef"], f"{field}.valueFrom.secretKeyRef", issues)))
         elif "configMapKeyRef" in source:
             env.append(EnvVar(name, config_map=_key_ref(source["configMapKeyRef"],
-                                                         f"{field}.valueFrom.configMapKeyRef", issues)))
+                                                        f"{field}.valueFrom.configMapKeyRef", issues)))
         elif (source.get("fieldRef") or {}).get("fieldPath") in FIELD_REFS:
             env.append(EnvVar(name, field_path=source["fieldRef"]["fieldPath"]))
         elif not source:

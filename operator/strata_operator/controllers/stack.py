@@ -63,12 +63,12 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     if (session.status.get("ignoredFields") or []) != inapplicable + unused:
         if inapplicable:
             post_event(body, st.EVENT_CONFIG_INVALID,
-                   f"accepted but not applicable to Strata's engine: {', '.join(inapplicable)}")
+                       f"accepted but not applicable to Strata's engine: {', '.join(inapplicable)}")
         if unused:
             chosen = {"git": "spec.projectRepo", "flux": "spec.fluxSource", "program": "spec.programRef"}
             post_event(body, st.EVENT_CONFIG_INVALID,
-                   f"several sources: {chosen[spec.source_kind]} is used (PKO's order: git, Flux, Program); "
-                   f"ignored: {', '.join('spec.' + f for f in unused)}")
+                       f"several sources: {chosen[spec.source_kind]} is used (PKO's order: git, Flux, Program); "
+                       f"ignored: {', '.join('spec.' + f for f in unused)}")
         # None: the fields are gone, drop the list
         await session.write(ignoredFields=(inapplicable + unused) or None)
     watched = session.watched
@@ -121,8 +121,8 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     plan = plan_on_prerequisite_outputs(spec, plan, session.status.get("lastUpdate"), consumed)
     session.consumed = consumed
     if plan.run is None:
-        due, next_check = drift_check_due(spec, session.status.get("lastUpdate"), session.status.get("drift"), utc_now(),
-                                          ctx.settings.min_resync_seconds)
+        due, next_check = drift_check_due(spec, session.status.get("lastUpdate"), session.status.get("drift"),
+                                          utc_now(), ctx.settings.min_resync_seconds)
         if due:
             return await check_drift(session, spec, resolved, plan, revision, handle)
         await session.write(plan.verdict)

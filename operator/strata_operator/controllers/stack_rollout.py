@@ -31,7 +31,7 @@ async def gate_on_rollout(session: StackSession, program: dict[str, Any], waves,
 
 
 async def write_rollout_progress(session: StackSession, program: dict[str, Any], waves, stacks: list[RolloutStack],
-                                  revision: str) -> None:
+                                 revision: str) -> None:
     progress = rollout_progress(waves, stacks, revision)
     before = (program.get("status") or {}).get("rollout")
     if progress != before:

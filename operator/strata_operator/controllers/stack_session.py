@@ -66,7 +66,8 @@ class StackSession:
         patch: dict[str, Any] = dict(fields)
         if verdict is not None:
             patch.update(observedGeneration=self.generation, observedReconcileRequest=self.requests.pulumi)
-            patch["conditions"] = st.build_conditions(self.status.get("conditions"), verdict, self.generation, utc_now())
+            patch["conditions"] = st.build_conditions(self.status.get("conditions"), verdict, self.generation,
+                                                      utc_now())
             failing = verdict.phase == "stalled" or verdict.reason in (st.RECONCILING_RETRY,
                                                                        st.RECONCILING_PREVIEW_FAILED)
             metrics.mark_failing(self.namespace, self.name, failing)
@@ -158,7 +159,7 @@ def stack_state_dir(ctx: Context, namespace: str, name: str) -> Path:
 
 
 async def update_request(ctx: Context, spec: StackSpec, namespace: str, name: str, project: Path, resolved: Resolved,
-                   run_dir: Path, message: str = "", real_outputs: bool = False) -> UpdateRequest:
+                         run_dir: Path, message: str = "", real_outputs: bool = False) -> UpdateRequest:
     env = dict(resolved.env)
     if spec.service_account_name and not ctx.engine.in_workspace_pods:
         # A workspace pod runs as the ServiceAccount itself; a forked worker gets a token kubeconfig for it.

@@ -85,13 +85,13 @@ async def _write_outputs_secret(session: StackSession, secret_name: str, result:
         return _api_problem(secret_name, verb, err)
     if skipped:
         post_event(session.body, st.EVENT_OUTPUT_FAILURE,
-               f"outputs {', '.join(repr(n) for n in skipped)} are not valid Secret keys (letters, digits, '-', '_', "
-               f"'.'): left out of Secret {secret_name!r}", warning=True)
+                   f"outputs {', '.join(repr(n) for n in skipped)} are not valid Secret keys (letters, digits, "
+                   f"'-', '_', '.'): left out of Secret {secret_name!r}", warning=True)
     return None
 
 
 async def check_drift(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
-                       handle: Any) -> float | None:
+                      handle: Any) -> float | None:
     """A refresh preview of a Stack with nothing to run: status.drift, the Drifted condition, an Event
     and the metric; with remediate, an update that refreshes first when something drifted."""
     ctx, body = session.ctx, session.body
@@ -99,7 +99,8 @@ async def check_drift(session: StackSession, spec: StackSpec, resolved: Resolved
     work.mkdir(parents=True, exist_ok=True)
     try:
         project = await materialise_program(spec, handle, work / "src", resolved)
-        request = await update_request(ctx, spec, session.namespace, session.name, project, resolved, work, "drift check")
+        request = await update_request(ctx, spec, session.namespace, session.name, project, resolved, work,
+                                       "drift check")
         result = await ctx.engine.refresh(dataclasses.replace(request, preview_only=True))
     except (SourceError, SpecInvalid, RefError) as err:
         result = UpdateResult("failed", str(err))
@@ -128,8 +129,8 @@ async def check_drift(session: StackSession, spec: StackSpec, resolved: Resolved
                         drift=drift)
     if drift["drifted"] and remediate:
         return await run_stack_update(session, spec.model_copy(update={"refresh": True}), resolved,
-                                 Plan("up", f"Drift detected ({st.changes_text(drift['changes'])}): remediating"),
-                                 revision, handle)
+                                      Plan("up", f"Drift detected ({st.changes_text(drift['changes'])}): remediating"),
+                                      revision, handle)
     _, next_check = drift_check_due(spec, session.status.get("lastUpdate"), drift, now,
                                     ctx.settings.min_resync_seconds)
     return soonest(plan.requeue_after, next_check)
@@ -182,7 +183,7 @@ def _owner(session: StackSession) -> dict[str, Any]:
 
 
 async def gated_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
-                        handle: Any) -> float | None:
+                       handle: Any) -> float | None:
     """spec.approval Manual: preview and keep a plan, wait for its approval, then apply exactly it."""
     stored = await _saved_plan(session)
     identity = PlanIdentity(session.generation, revision, session.requests.pulumi,
@@ -196,10 +197,12 @@ async def gated_update(session: StackSession, spec: StackSpec, resolved: Resolve
         await session.write(gate.verdict)
         return None
     if gate.action == "apply" and stored is not None:
-        return await run_stack_update(session, spec, resolved, dataclasses.replace(plan, message=gate.message), revision,
-                                 handle, _Approval(digest=session.status["plan"]["digest"], plan=stored[0]))
-    return await run_stack_update(session, spec, resolved, dataclasses.replace(plan, run="preview", message=gate.message),
-                             revision, handle, _Approval(identity=identity))
+        return await run_stack_update(session, spec, resolved, dataclasses.replace(plan, message=gate.message),
+                                      revision, handle,
+                                      _Approval(digest=session.status["plan"]["digest"], plan=stored[0]))
+    return await run_stack_update(session, spec, resolved,
+                                  dataclasses.replace(plan, run="preview", message=gate.message), revision, handle,
+                                  _Approval(identity=identity))
 
 
 async def _keep_plan(session: StackSession, plan: bytes, summary: dict[str, int],
@@ -226,7 +229,7 @@ async def _keep_plan(session: StackSession, plan: bytes, summary: dict[str, int]
 
 
 async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
-                      handle: Any, approval: _Approval | None = None) -> float | None:
+                           handle: Any, approval: _Approval | None = None) -> float | None:
     ctx = session.ctx
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
@@ -242,8 +245,8 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
             return float(session.resync_seconds(spec)) if spec.project_repo or spec.polled else None
         try:
             request = await update_request(ctx, spec, session.namespace, session.name, project, resolved, run_dir,
-                                     plan.message, real_outputs=spec.outputs_secret is not None or
-                                     _is_prerequisite(session))
+                                           plan.message, real_outputs=spec.outputs_secret is not None or
+                                           _is_prerequisite(session))
         except RefError as err:
             return await wait_for_reference(session, err)
         plan_file = run_dir / "plan.json"
@@ -297,9 +300,9 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
                 await _drop_plan(session)
                 fields["plan"] = None
                 post_event(session.body, EVENT_PLAN_REFUSED, f"The engine refused the approved plan {approval.digest}: "
-                       f"{result.message}", warning=True, revision=revision)
+                           f"{result.message}", warning=True, revision=revision)
             post_event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
-                   f"Failed to update stack: {result.message}", warning=True, revision=revision)
+                       f"Failed to update stack: {result.message}", warning=True, revision=revision)
         if approval is not None and approval.digest:
             fields["lastUpdate"]["plan"] = approval.digest
         # Planned as the status now stands: this run answered the Flux request (lastHandledReconcileAt).

@@ -266,8 +266,8 @@ async def _write_outputs(ctx: Any, body: Any, result: UpdateResult) -> str | Non
                                      result.real_outputs)
     if missing:
         auto_event(body, "UpdateFailed", f"secret outputs {', '.join(missing)} could not be read "
-                                     f"({result.outputs_error or 'no values'}): left out of the outputs Secret",
-               warning=True)
+                   f"({result.outputs_error or 'no values'}): left out of the outputs Secret",
+                   warning=True)
     try:
         await ctx.kube.create_secret(meta["namespace"], secret)
     except ApiException as err:

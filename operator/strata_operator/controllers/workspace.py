@@ -181,7 +181,7 @@ def _remove_old_workdirs(ctx: Any, state: AutoState, root: Path, keep: Path, nam
 
 @kopf.on.event(AUTO_GROUP, AUTO_VERSION, "workspaces")
 async def workspace_event(type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, logger: Any,
-                    **_: Any) -> None:
+                          **_: Any) -> None:
     ctx, state = memo.ctx, state_of(memo)
     key = (namespace, name)
     if type == "DELETED":

@@ -63,7 +63,8 @@ def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
         for index in range(10):
             stopped = Stopped()
             daemons.append(stack_controller.stack_daemon(namespace="ns", name=f"s{index}", memo=memo, logger=None,
-                                                 body={"name": f"s{index}", "stopped": stopped}, stopped=stopped))
+                                                         body={"name": f"s{index}", "stopped": stopped},
+                                                         stopped=stopped))
         await asyncio.gather(*daemons)
 
     asyncio.run(fleet())

@@ -1,4 +1,4 @@
-"""The workspace agent: `python -m strata_operator.engine.pod.agent`, the process of a Stack's workspace pod (pod executor).
+"""The workspace agent, `python -m strata_operator.engine.pod.agent`: the process of a Stack's workspace pod.
 
 It serves HTTPS on STRATA_AGENT_PORT with the key pair in STRATA_AGENT_DIR and accepts only requests
 bearing that directory's token. The operator uploads the program's source (a tarball named by its

@@ -26,8 +26,8 @@ BUNDLE_ENV = "STRATA_AGENT_BUNDLE"
 LOADER = "ld-linux-x86-64.so.2"
 PYTHON = "python3"
 # What the agent runs: itself, the fork server's workers, and what those import while updating.
-AGENT_MODULES = ("strata_operator.engine.pod.agent", "strata_operator.engine.process.worker", "pulumi.automation", "pulumi.runtime",
-                 "pulumi.dynamic", "encodings.idna", "multiprocessing")
+AGENT_MODULES = ("strata_operator.engine.pod.agent", "strata_operator.engine.process.worker", "pulumi.automation",
+                 "pulumi.runtime", "pulumi.dynamic", "encodings.idna", "multiprocessing")
 # Parts of the standard library no update needs.
 _STDLIB_SKIP = ("test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "pydoc_data", "distutils",
                 "site-packages", "dist-packages", "config-3", "_tkinter")
@@ -99,7 +99,7 @@ def build_bundle(dest: Path) -> tuple[int, int]:
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     shutil.copytree(stdlib, dest / "lib" / version, symlinks=True, dirs_exist_ok=True,
                     ignore=lambda d, names: [n for n in names if n.startswith(_STDLIB_SKIP)
-                                            and (Path(d) == stdlib or Path(d).name == "lib-dynload")])
+                                             and (Path(d) == stdlib or Path(d).name == "lib-dynload")])
     # Beside the standard library, which is on sys.path in every build (distributions differ on site-packages).
     site = dest / "lib" / version
     for entry in top_level_entries(imported_files(AGENT_MODULES), packages):

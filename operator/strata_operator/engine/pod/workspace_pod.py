@@ -106,7 +106,8 @@ def resolve_in_workspace(mounted: MountedRefs, environ: Mapping[str, str], env: 
     return merged, config, secret
 
 
-WORKSPACE_SUFFIX = "@workspace"  # a PKO v2 Workspace's engine key (controllers/auto_state.workspace_key): '@' is in no name
+# A PKO v2 Workspace's engine key (controllers/auto_state.workspace_key): '@' is in no name.
+WORKSPACE_SUFFIX = "@workspace"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -162,7 +162,8 @@ class AutomationEngine(SerializedEngine):
         # A short private directory: socket paths are limited to 107 bytes.
         socket_path = Path(tempfile.mkdtemp(prefix="strata-worker-")) / "socket"
         process = await asyncio.create_subprocess_exec(
-            *(self.settings.python_command or (sys.executable,)), "-m", "strata_operator.engine.process.worker", str(socket_path),
+            *(self.settings.python_command or (sys.executable,)), "-m", "strata_operator.engine.process.worker",
+            str(socket_path),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             cwd=neutral, env=env, start_new_session=True)
         assert process.stdout is not None
