@@ -31,9 +31,11 @@ class ResourceRefType(str, Enum):
     SECRET = "Secret"
     """A key of a Secret in the Stack's namespace, under `secret`."""
     ENV = "Env"
-    """A variable of the operator's environment, under `env`."""
+    """A variable of the operator's environment, under `env` (only with an operator started with
+    --operator-refs; under the pod executor, of the workspace pod's)."""
     FS = "FS"
-    """A file on the operator's filesystem, under `filesystem`."""
+    """A file on the operator's filesystem, under `filesystem` (only with an operator started with
+    --operator-refs; under the pod executor, in the workspace pod)."""
 
 
 class ResourceRef(TypedDict):

@@ -58,8 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="consecutive failures after which a Stack is Stalled/UpdateFailed until it changes")
     p.add_argument("--min-resync-seconds", type=int, default=MIN_RESYNC_SECONDS,
                    help="floor of resyncFrequencySeconds, also the branch poll period (PKO: 60; lower it for tests)")
-    p.add_argument("--no-operator-refs", action="store_true",
-                   help="reject Env and FS refs (they read the operator's own environment and files)")
+    p.add_argument("--operator-refs", action=argparse.BooleanOptionalAction, default=False,
+                   help="allow Env and FS refs (PKO v1's meaning: they read the operator's own environment and "
+                        "files) and a PKO Workspace's local.dir from the operator's host; off by default, so that "
+                        "whoever may write a Stack cannot read the operator's credentials through them")
     p.add_argument("--metrics-port", type=int, default=8383, help="Prometheus metrics port (0: off)")
     p.add_argument("--health-port", type=int, default=8384, help="liveness/readiness port (0: off)")
     p.add_argument("--no-leader-election", action="store_true",
@@ -174,12 +176,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     settings = OperatorSettings(
         engine=engine,
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
-        allow_operator_refs=not args.no_operator_refs,
+        allow_operator_refs=args.operator_refs,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
         workspace=workspace)
     start_trimming()  # the free heap a burst of Stacks leaves goes back to the system
     kopf.run(
         clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
         liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election,
-                                                      watched_namespaces=len(args.namespace)))
+                                                   watched_namespaces=len(args.namespace)))
     return 0

@@ -1,5 +1,5 @@
 """e2e (the operator): a git-sourced Python project that creates Kubernetes objects with
-pulumi-kubernetes, run by a Stack with `serviceAccountName`.
+pulumi-kubernetes, run by a Stack with `serviceAccountName`, and by one without (which has no cluster).
 
 Needs what cannot be built here: a pulumi CLI with the Python language host and the kubernetes
 provider plugin (tests/e2e/requirements.py names what is missing; tests/run.py then reports the
@@ -37,10 +37,12 @@ PROGRAM = textwrap.dedent("""\
 """)
 
 
-def _stack(custom, namespace: str, name: str, url: str, backend: Path, target_namespace: str) -> None:
+def _stack(custom, namespace: str, name: str, url: str, backend: Path, target_namespace: str,
+           service_account: str | None = "deployer") -> None:
+    identity = {"serviceAccountName": service_account} if service_account else {}
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name},
-        "spec": {"stack": name, "projectRepo": url, "branch": "main", "serviceAccountName": "deployer",
+        "spec": {"stack": name, "projectRepo": url, "branch": "main", **identity,
                  "backend": backend.as_uri(),
                  "config": {"e2e-app:name": name, "e2e-app:namespace": target_namespace},
                  "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret",
@@ -91,6 +93,34 @@ def test_python_project_from_git_runs_as_the_stacks_service_account(python_opera
         core.read_namespaced_config_map("outside", "default")
     assert absent.value.status == 404
 
+    # With no serviceAccountName the update has no cluster at all (the operator lends it none of its own
+    # identity): the Stack stalls at once naming the field, instead of retrying for ever. Given a
+    # ServiceAccount bound to `edit`, as the README's notes for PKO v1 users say, the same program deploys.
+    _stack(custom, namespace, "anonymous", url, backend, namespace, service_account=None)
+
+    def stalled() -> dict | None:
+        found = [c for c in status("anonymous").get("conditions", [])
+                 if c["type"] == "Stalled" and c["status"] == "True"]
+        return found[0] if found and found[0]["reason"] == "ServiceAccountRequired" else None
+
+    condition = wait_until(stalled, 600, "Stack anonymous Stalled/ServiceAccountRequired", log=python_operator.log,
+                           interval=2)
+    assert "spec.serviceAccountName" in condition["message"] and "`edit`" in condition["message"]
+    assert "unable to load Kubernetes client configuration" in condition["message"]
+    failures = status("anonymous")["lastUpdate"]["failures"]
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "editor"}})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "editor"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": "editor", "namespace": namespace}]})
+    custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", "anonymous",
+                                          {"spec": {"serviceAccountName": "editor"}})
+    wait_until(lambda: ready("anonymous"), 600, "Stack anonymous Ready as editor", log=python_operator.log,
+               interval=2)
+    assert failures == 1, "retried before its spec changed"
+    assert core.read_namespaced_config_map("anonymous", namespace).data == {"written-by": "strata-e2e"}
+
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", "anonymous")
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", "inside")
     wait_until(lambda: not core.list_namespaced_config_map(namespace, field_selector="metadata.name=inside").items,
                300, "destroyOnFinalize removed the ConfigMap", log=python_operator.log, interval=2)
@@ -98,4 +128,4 @@ def test_python_project_from_git_runs_as_the_stacks_service_account(python_opera
     # A Stack whose update failed still finalizes (nothing was created), so its namespace can go.
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", "outside")
     wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "stacks")["items"],
-               300, "both Stacks finalized and gone", log=python_operator.log, interval=2)
+               300, "every Stack finalized and gone", log=python_operator.log, interval=2)

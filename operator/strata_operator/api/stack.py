@@ -326,21 +326,8 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
         if len(modes) != 1:
             issues.append(SpecIssue("spec.gitAuth", f"exactly one auth mode must be set, found {modes or 'none'}",
                                     "set one of accessToken, sshAuth, basicAuth, githubApp"))
-        if spec.git_auth.access_token is not None:
-            issues += _ref_issues("spec.gitAuth.accessToken", spec.git_auth.access_token, namespace)
-        if spec.git_auth.basic_auth is not None:
-            issues += _ref_issues("spec.gitAuth.basicAuth.userName", spec.git_auth.basic_auth.user_name, namespace)
-            issues += _ref_issues("spec.gitAuth.basicAuth.password", spec.git_auth.basic_auth.password, namespace)
-        if spec.git_auth.ssh_auth is not None:
-            issues += _ref_issues("spec.gitAuth.sshAuth.sshPrivateKey", spec.git_auth.ssh_auth.ssh_private_key,
-                                  namespace)
-            if spec.git_auth.ssh_auth.password is not None:
-                issues += _ref_issues("spec.gitAuth.sshAuth.password", spec.git_auth.ssh_auth.password, namespace)
-        if spec.git_auth.github_app is not None:
-            app = spec.git_auth.github_app
-            for field, ref in (("appID", app.app_id), ("installationID", app.installation_id),
-                               ("privateKey", app.private_key)):
-                issues += _ref_issues(f"spec.gitAuth.githubApp.{field}", ref, namespace)
+        for field, ref in git_auth_refs(spec.git_auth):
+            issues += _ref_issues(field, ref, namespace)
     if spec.git_auth is not None and spec.git_auth_secret:
         issues.append(SpecIssue("spec.gitAuthSecret", "conflicts with spec.gitAuth",
                                 "remove the deprecated spec.gitAuthSecret"))
@@ -518,6 +505,40 @@ def misplaced_file_backend(spec: StackSpec, backend_url: str, in_workspace_pods:
                             "updates on its own host (--executor process), which has no such volume",
                      "use a backend the operator's host can reach (a file:// directory of its own, or a cloud "
                      "backend), or run the operator with --executor pod")
+
+
+def git_auth_refs(auth: GitAuth | None) -> list[tuple[str, ResourceRef]]:
+    """spec.gitAuth's references, each with its field path."""
+    if auth is None:
+        return []
+    found: list[tuple[str, ResourceRef | None]] = [("spec.gitAuth.accessToken", auth.access_token)]
+    if auth.basic_auth is not None:
+        found += [("spec.gitAuth.basicAuth.userName", auth.basic_auth.user_name),
+                  ("spec.gitAuth.basicAuth.password", auth.basic_auth.password)]
+    if auth.ssh_auth is not None:
+        found += [("spec.gitAuth.sshAuth.sshPrivateKey", auth.ssh_auth.ssh_private_key),
+                  ("spec.gitAuth.sshAuth.password", auth.ssh_auth.password)]
+    if auth.github_app is not None:
+        found += [(f"spec.gitAuth.githubApp.{field}", ref) for field, ref in (
+            ("appID", auth.github_app.app_id), ("installationID", auth.github_app.installation_id),
+            ("privateKey", auth.github_app.private_key))]
+    return [(field, ref) for field, ref in found if ref is not None]
+
+
+def operator_ref_issues(spec: StackSpec, in_workspace_pods: bool) -> list[SpecIssue]:
+    """The Env and FS refs that would read the operator's own environment or files, for an operator that
+    does not allow them (the default): every one under the process executor; under the pod executor only
+    spec.gitAuth's, since the operator fetches the source (the others are read in the workspace pod, PKO
+    v2's meaning). A team that may write Stacks must not read the operator's credentials through them."""
+    refs = git_auth_refs(spec.git_auth)
+    if not in_workspace_pods:
+        refs += [(f"spec.envRefs.{key}", ref) for key, ref in sorted(spec.env_refs.items())]
+        refs += [(f"spec.secretsRef.{key}", ref) for key, ref in sorted(spec.secrets_ref.items())]
+    return [SpecIssue(f"{field}.type", f"an {ref.type} ref reads the operator's own "
+                                       f"{'environment' if ref.type == 'Env' else 'files'}, which this operator "
+                                       "does not allow", "use a Secret ref (or Literal); an operator started with "
+                                       "--operator-refs allows them (PKO v1's meaning)")
+            for field, ref in refs if ref.type in ("Env", "FS")]
 
 
 def local_source_issue(spec: StackSpec, in_workspace_pods: bool) -> SpecIssue | None:

@@ -60,6 +60,11 @@ UPDATE_BLOCKED = "UpdateBlocked"
 # for a workspace image's CLI): Stalled at once like UpdateBlocked, under this reason.
 PULUMI_VERSION_TOO_LOW = "PulumiVersionTooLow"
 
+# A run whose program reached for a Kubernetes cluster through the default provider, on a Stack with no
+# spec.serviceAccountName: under the process executor its updates have no cluster (the operator lends
+# them no identity of its own). Stalled at once like UpdateBlocked, under this reason.
+SERVICE_ACCOUNT_REQUIRED = "ServiceAccountRequired"
+
 # Event reasons (PKO's names, and Flux's for suspend).
 EVENT_SUSPENDED = "Suspended"
 EVENT_RESUMED = "Resumed"

@@ -31,7 +31,7 @@ class OperatorSettings:
     engine: EngineSettings = dataclasses.field(default_factory=EngineSettings)
     stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES
     min_resync_seconds: int = MIN_RESYNC_SECONDS
-    allow_operator_refs: bool = True  # PKO v1's Env/FS refs read the operator's env/files
+    allow_operator_refs: bool = False  # PKO v1's Env/FS refs read the operator's env/files
     metrics_port: int = 8383
     kubeconfig: str | None = None
     flux_events_address: str = ""  # Flux notification-controller event server; "" is off

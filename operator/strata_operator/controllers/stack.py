@@ -21,12 +21,12 @@ import kopf
 from ..api import FINALIZER, GROUP, VERSION
 from ..api import status as st
 from ..api.stack import (WATCHED_FLUX_KINDS, StackSpec, local_source_issue, misplaced_file_backend,
-                         not_applicable_fields, parse_stack_spec, unused_sources)
+                         not_applicable_fields, operator_ref_issues, parse_stack_spec, unused_sources)
 from ..api.status import condition
 from ..api.validation import STALLED_SPEC_INVALID, SpecInvalid
-from ..decisions.planning import (check_prerequisite, drift_check_due, plan_finalize, plan_on_prerequisite_outputs,
-                                  plan_stack, prerequisite_digests, prerequisites_verdict, soonest, suspended_verdict,
-                                  terminating_namespace_message)
+from ..decisions.planning import (check_prerequisite, drift_check_due, new_revision_verdict, plan_finalize,
+                                  plan_on_prerequisite_outputs, plan_stack, prerequisite_digests, prerequisites_verdict,
+                                  soonest, suspended_verdict, terminating_namespace_message)
 from ..decisions.rollout import parse_waves
 from ..services import metrics
 from ..services.events import post_event
@@ -54,9 +54,12 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     except SpecInvalid as err:
         await session.stall(err.reason, str(err), st.EVENT_CONFIG_INVALID)
         return None
-    elsewhere = local_source_issue(spec, ctx.engine.in_workspace_pods)
-    if elsewhere is not None:
-        await session.stall(STALLED_SPEC_INVALID, str(elsewhere), st.EVENT_CONFIG_INVALID)
+    refused = [local_source_issue(spec, ctx.engine.in_workspace_pods)]
+    if not ctx.settings.allow_operator_refs:
+        refused += operator_ref_issues(spec, ctx.engine.in_workspace_pods)
+    if any(refused):
+        await session.stall(STALLED_SPEC_INVALID, "; ".join(str(issue) for issue in refused if issue),
+                            st.EVENT_CONFIG_INVALID)
         return None
     inapplicable = not_applicable_fields(dict(raw_spec), ctx.engine.in_workspace_pods)
     unused = unused_sources(spec)
@@ -116,6 +119,9 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 
     plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
                       utc_now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
+    announced = new_revision_verdict(session.status, plan, revision)
+    if announced is not None:  # before anything slow: Flux may be checking this Stack's health right now
+        await session.write(announced)
     others = {p.name: await ctx.kube.get_stack(session.namespace, p.name) for p in spec.prerequisites}
     consumed = prerequisite_digests(spec.prerequisites, others)
     plan = plan_on_prerequisite_outputs(spec, plan, session.status.get("lastUpdate"), consumed)

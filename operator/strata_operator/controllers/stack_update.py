@@ -21,7 +21,7 @@ from ..decisions.approval import (APPROVE_ANNOTATION, EVENT_PLAN_READY, EVENT_PL
                                   plan_digest, plan_refused, plan_secret_name, plan_status)
 from ..decisions.outputs import (outputs_secret_conflict, outputs_secret_data, outputs_secret_manifest,
                                  secret_needs_write)
-from ..decisions.planning import Plan, drift_check_due, drift_status, plan_stack, soonest
+from ..decisions.planning import Plan, drift_check_due, drift_status, missing_service_account, plan_stack, soonest
 from ..decisions.rollout import parse_waves
 from ..engine.port import UpdateResult, register_secret_outputs
 from ..services import metrics
@@ -293,7 +293,12 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
             reason = PLAN_REFUSED if refused else result.reason or {
                 "conflict": st.STALLED_CONFLICT, "blocked": st.UPDATE_BLOCKED}.get(result.outcome,
                                                                                    st.STALLED_UPDATE_FAILED)
-            fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, result.message,
+            message = result.message
+            unidentified = missing_service_account(message, spec.service_account_name, session.namespace,
+                                                   ctx.engine.in_workspace_pods)
+            if unidentified is not None:
+                reason, message = st.SERVICE_ACCOUNT_REQUIRED, unidentified
+            fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, reason, message,
                                                     result.permalink, utc_now())
             if refused:
                 # Never applied again: the next pass previews a new plan, which needs a new approval.
@@ -302,7 +307,7 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
                 post_event(session.body, EVENT_PLAN_REFUSED, f"The engine refused the approved plan {approval.digest}: "
                            f"{result.message}", warning=True, revision=revision)
             post_event(session.body, st.EVENT_CONFLICT if conflict else st.EVENT_UPDATE_FAILURE,
-                       f"Failed to update stack: {result.message}", warning=True, revision=revision)
+                       f"Failed to update stack: {message}", warning=True, revision=revision)
         if approval is not None and approval.digest:
             fields["lastUpdate"]["plan"] = approval.digest
         # Planned as the status now stands: this run answered the Flux request (lastHandledReconcileAt).

@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 from ..api import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
 from ..api.stack import MIN_RESYNC_SECONDS, Prerequisite, StackSpec
-from ..api.status import (FAILED, PULUMI_VERSION_TOO_LOW, RECONCILING_PREREQUISITE, RECONCILING_PREVIEW_FAILED,
-                          RECONCILING_RETRY, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, SUSPENDED,
-                          UPDATE_BLOCKED, UPDATE_INTERRUPTED, WORKSPACE_FAILED, Verdict, has_changes, parse_time)
+from ..api.status import (FAILED, PULUMI_VERSION_TOO_LOW, READY, RECONCILING_PREREQUISITE, RECONCILING_PREVIEW_FAILED,
+                          RECONCILING_PROCESSING, RECONCILING_RETRY, SERVICE_ACCOUNT_REQUIRED, STALLED_CONFLICT,
+                          STALLED_UPDATE_FAILED, SUCCEEDED, SUSPENDED, UPDATE_BLOCKED, UPDATE_INTERRUPTED,
+                          WORKSPACE_FAILED, Verdict, condition, has_changes, parse_time)
 from ..api.validation import parse_duration
 from .approval import PLAN_REFUSED
 from .backoff import cooldown_seconds
@@ -107,9 +108,8 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         if last.get("reason") == PLAN_REFUSED:
             # Nothing was applied, and only a new approval can apply anything: no backoff to wait out.
             return Plan(kind, "The engine refused the approved plan: previewing a new one")
-        if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW):
-            stalled_reason = PULUMI_VERSION_TOO_LOW if last.get("reason") == PULUMI_VERSION_TOO_LOW \
-                else STALLED_UPDATE_FAILED
+        if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW, SERVICE_ACCOUNT_REQUIRED):
+            stalled_reason = STALLED_UPDATE_FAILED if last.get("reason") == UPDATE_BLOCKED else last["reason"]
             return Plan(None, "", Verdict("stalled", stalled_reason,
                                           f"{message}. Retrying cannot fix this: once fixed, change the spec or "
                                           f"set a new {RECONCILE_REQUEST_ANNOTATION} annotation"), poll)
@@ -137,6 +137,17 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
 
     # An unknown state (hand-edited status): run, rather than sit silently.
     return Plan(kind, f"Unrecognised last update state {last.get('state')!r}")
+
+
+def new_revision_verdict(status: dict[str, Any], plan: Plan, revision: str) -> Verdict | None:
+    """Reconciling, at once, for a Ready Stack about to run a revision it has not run yet. Its Ready is the
+    previous revision's: kstatus, and so a Flux Kustomization waiting on the Stack, would read it as
+    current and call a commit deployed before it is. None when nothing needs saying before the run."""
+    ready = condition(status, READY)
+    last = status.get("lastUpdate") or {}
+    if plan.run is None or not ready or ready.get("status") != "True" or last.get("lastAttemptedCommit") == revision:
+        return None
+    return Verdict("reconciling", RECONCILING_PROCESSING, plan.message)
 
 
 def drift_check_due(spec: StackSpec, last: dict[str, Any] | None, drift: dict[str, Any] | None, now: datetime,
@@ -287,3 +298,21 @@ def plan_finalize(spec: StackSpec | None) -> FinalizePlan:
     if spec.preview:
         return FinalizePlan(False, "preview stacks create no resources")
     return FinalizePlan(True, "Stack marked for deletion")
+
+
+# What the Kubernetes provider says when it finds no cluster configuration at all.
+NO_CLUSTER = ("configured Kubernetes cluster is unreachable", "unable to load Kubernetes client configuration")
+
+
+def missing_service_account(message: str, service_account: str, namespace: str, in_workspace_pods: bool) -> str | None:
+    """Why an update failed for want of spec.serviceAccountName, or None. Under the process executor a
+    Stack's updates get a cluster only through its ServiceAccount (the operator lends them none of its
+    own), so a program deploying through the default Kubernetes provider, as most PKO programs do, finds
+    no cluster; retrying cannot change that."""
+    if service_account or in_workspace_pods or not any(marker in message for marker in NO_CLUSTER):
+        return None
+    return (f"the program deploys to Kubernetes through the default provider, and this Stack names no "
+            f"spec.serviceAccountName, so its updates have no cluster: the operator lends them no identity of its "
+            f"own (fix: set spec.serviceAccountName to a ServiceAccount of namespace {namespace!r} with the rights "
+            f"the program needs, e.g. one bound to the ClusterRole `edit` in that namespace; see the README's PKO "
+            f"migration notes). The provider said: {message}")

@@ -7,7 +7,8 @@ import pytest
 from strata_operator.decisions.backoff import cooldown_seconds
 from strata_operator.decisions.outputs import combine_digests
 from strata_operator.decisions.planning import (Requests, check_prerequisite, consumed_digest, drift_check_due,
-                                                drift_status, plan_finalize, plan_on_prerequisite_outputs, plan_stack,
+                                                drift_status, missing_service_account, new_revision_verdict,
+                                                plan_finalize, plan_on_prerequisite_outputs, plan_stack,
                                                 prerequisite_digests, prerequisites_verdict, suspended_verdict,
                                                 terminating_namespace_message)
 from strata_operator.api.stack import Prerequisite, Requirement, parse_stack_spec
@@ -135,6 +136,36 @@ def test_a_blocked_update_stalls_at_once_until_something_changes():
     assert plan_stack(spec(), 1, Requests(pulumi="fixed"), last, SHA, NOW).run == "up"
     assert plan_stack(spec(), 2, Requests(), last, SHA, NOW).run == "up"
     assert plan_stack(spec(), 1, Requests(), last, "c" * 40, NOW).run == "up"
+
+
+NO_CLUSTER = ("configured Kubernetes cluster is unreachable: unable to load Kubernetes client configuration from "
+              "kubeconfig file. Make sure you have: set up the provider as per https://www.pulumi.com/registry/")
+
+
+def test_a_program_with_no_cluster_and_no_service_account_is_told_to_name_one():
+    problem = missing_service_account(NO_CLUSTER, "", "team-alpha", in_workspace_pods=False)
+    assert "spec.serviceAccountName" in problem and "namespace 'team-alpha'" in problem and "`edit`" in problem
+    assert problem.endswith(NO_CLUSTER)
+    # With a ServiceAccount (a kubeconfig of its own), in a workspace pod, or another failure: not this.
+    assert missing_service_account(NO_CLUSTER, "deployer", "team-alpha", in_workspace_pods=False) is None
+    assert missing_service_account(NO_CLUSTER, "", "team-alpha", in_workspace_pods=True) is None
+    assert missing_service_account("error: 403 Forbidden", "", "team-alpha", in_workspace_pods=False) is None
+    # It stalls at once (retrying cannot give it a cluster) until the spec, the source or a request changes.
+    last = failed_update(None, run(), "ServiceAccountRequired", problem, "", NOW - timedelta(days=3))
+    plan = plan_stack(spec(), 1, Requests(), last, SHA, NOW)
+    assert plan.run is None and (plan.verdict.phase, plan.verdict.reason) == ("stalled", "ServiceAccountRequired")
+    assert plan_stack(spec(), 2, Requests(), last, SHA, NOW).run == "up"
+
+
+def test_a_ready_stack_about_to_run_a_new_revision_says_reconciling_before_anything_slow():
+    ready = {"conditions": [{"type": "Ready", "status": "True", "reason": "ProcessingCompleted"}], "lastUpdate": ok()}
+    plan = plan_stack(spec(), 1, Requests(), ok(), "b" * 40, NOW)
+    verdict = new_revision_verdict(ready, plan, "b" * 40)
+    assert (verdict.phase, verdict.reason) == ("reconciling", "StackProcessing") and "New commit" in verdict.message
+    # The revision it ran, nothing to run, or not Ready anyway (kstatus does not call it current): nothing to say.
+    assert new_revision_verdict(ready, plan_stack(spec(), 2, Requests(), ok(), SHA, NOW), SHA) is None
+    assert new_revision_verdict(ready, plan_stack(spec(), 1, Requests(), ok(), SHA, NOW), SHA) is None
+    assert new_revision_verdict({"lastUpdate": ok()}, plan, "b" * 40) is None
 
 
 def test_a_failed_preview_is_reconciling_preview_failed_until_the_stall():

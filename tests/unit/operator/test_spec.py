@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from strata_operator.api.program import ProgramBody, parse_program
-from strata_operator.api.stack import (StackSpec, misplaced_file_backend, not_applicable_fields, parse_stack_spec,
-                                       unused_sources)
+from strata_operator.api.stack import (StackSpec, misplaced_file_backend, not_applicable_fields, operator_ref_issues,
+                                       parse_stack_spec, unused_sources)
 from strata_operator.api.validation import SpecInvalid, parse_duration
 
 CRDS = Path(__file__).resolve().parents[3] / "operator" / "strata_operator" / "api" / "crds"
@@ -279,3 +279,26 @@ def test_crd_validates_the_outputs_fields_as_the_model_does():
     status = schema["properties"]["status"]["properties"]
     assert {"outputsDigest", "outputDigests"} <= set(status)
     assert "prerequisiteDigests" in status["lastUpdate"]["properties"]
+
+
+def test_env_and_fs_refs_name_their_field_where_the_operator_would_read_its_own_files():
+    spec = parse_stack_spec({
+        "stack": "dev", "projectRepo": "https://h/r.git", "branch": "main",
+        "gitAuth": {"accessToken": {"type": "FS", "filesystem": {"path": "/var/run/token"}}},
+        "envRefs": {"A": {"type": "Env", "env": {"name": "HOME"}},
+                    "B": {"type": "Secret", "secret": {"name": "s", "key": "k"}}},
+        "secretsRef": {"app:key": {"type": "FS", "filesystem": {"path": "/"}}}}, "ns")
+    fields = [issue.path for issue in operator_ref_issues(spec, in_workspace_pods=False)]
+    assert fields == ["spec.gitAuth.accessToken.type", "spec.envRefs.A.type", "spec.secretsRef.app:key.type"]
+    issue = operator_ref_issues(spec, in_workspace_pods=False)[1]
+    assert "reads the operator's own environment" in issue.problem and "--operator-refs" in issue.fix
+    # In a workspace pod they read the pod's own (PKO v2); the operator still fetches the source itself.
+    assert [i.path for i in operator_ref_issues(spec, in_workspace_pods=True)] == ["spec.gitAuth.accessToken.type"]
+
+
+def test_a_stack_no_operator_has_seen_reads_as_in_progress_to_kstatus():
+    crd = yaml.safe_load((CRDS / "pulumi.com_stacks.yaml").read_text())
+    for version in crd["spec"]["versions"]:
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+        # observedGeneration -1 never equals a generation: a Kustomization waits for the operator's first verdict.
+        assert status["default"] == {"observedGeneration": -1}
