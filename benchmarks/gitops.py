@@ -46,6 +46,8 @@ from harness import GROUP, NAMESPACE, VERSION, Bench, platform_with_operator
 from strata_components.flux import build_sync_manifests
 from strata_components.local import processes
 from strata_components.local.gitserver import GitRepos
+from strata_components.local.kube import server_side_apply
+from strata_components.team import build_team_objects, team_names
 
 RESOURCES = {
     "GitRepository": ("source.toolkit.fluxcd.io", "v1", "gitrepositories"),
@@ -56,6 +58,7 @@ RESOURCES = {
 SYNC_DIR = "clusters/bench"
 GIT = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
 GOAL_SECONDS = 2.0
+TEAM = "bench"
 
 
 # --- manifests ---------------------------------------------------------------------------------
@@ -79,8 +82,9 @@ def manifests(name: str, greeting: str, backend: str) -> str:
 
 def sync(name: str, url: str, interval: str, backend: str) -> list[dict[str, Any]]:
     """A GitRepository polling every `interval` and a Kustomization of SYNC_DIR, as the Flux component
-    renders a sync (prune, wait for health, postBuild substitution)."""
-    return build_sync_manifests(yaml.safe_dump_all([
+    renders a sync (prune, wait for health, postBuild substitution), applied as a team's ServiceAccount
+    (Flux runs locked down: see `team_identity`)."""
+    repository, kustomization = build_sync_manifests(yaml.safe_dump_all([
         {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
          "metadata": {"name": name, "namespace": NAMESPACE},
          "spec": {"url": url, "interval": interval, "ref": {"branch": "main"}}},
@@ -88,6 +92,8 @@ def sync(name: str, url: str, interval: str, backend: str) -> list[dict[str, Any
          "metadata": {"name": name, "namespace": NAMESPACE},
          "spec": {"interval": "10m", "path": f"./{SYNC_DIR}", "sourceRef": {"kind": "GitRepository", "name": name}}},
     ]), {"STRATA_BACKEND": backend}, timeout="2m")
+    kustomization["spec"]["serviceAccountName"] = team_names(TEAM, NAMESPACE)["service_account"]
+    return [repository, kustomization]
 
 
 # --- what is awaited ---------------------------------------------------------------------------
@@ -190,6 +196,9 @@ class Paths:
     def set_up(self) -> None:
         """The push and poll syncs and the kubectl pair, each first deployed with greeting v0."""
         custom = self.bench.custom
+        # The syncs' identity, as the platform layer makes a team's: its Stacks and Programs, in this namespace.
+        server_side_apply(self.bench.platform.kubeconfig_path,
+                          [obj for obj in build_team_objects(TEAM, NAMESPACE) if obj["kind"] != "Namespace"])
         for name, interval in (("push", "10m"), ("poll", f"{self.poll_interval}s")):
             url = self.git.create(name, {f"{SYNC_DIR}/{name}.yaml": manifests(name, "v0", "${STRATA_BACKEND}")})
             for document in sync(name, url, interval, self.backends[name]):

@@ -21,6 +21,8 @@ import pulumi_kubernetes as k8s
 import yaml
 from typing_extensions import NotRequired
 
+from .flux_tenancy import CLUSTER_SYNC_SERVICE_ACCOUNT, LOCKDOWN_FLAGS
+
 DEFAULT_COMPONENTS = ("source-controller", "kustomize-controller", "helm-controller", "notification-controller")
 VERSION_PATTERN = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
 
@@ -70,6 +72,10 @@ class FluxArgs(TypedDict):
     selecting their pods, are not applied. When set, every installed controller must be one of them."""
     sync: NotRequired[FluxSyncArgs]
     """Make Flux sync a git repository (GitRepository + Kustomization from `get_flux_sync`)."""
+    multi_tenancy: NotRequired[bool]
+    """Flux's multi-tenancy lockdown (default true): a Kustomization or HelmRelease is applied as its
+    `serviceAccountName`, or as its namespace's `default` ServiceAccount when it names none; no
+    cross-namespace references, no remote bases. The local platform's host controllers always run so."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +100,9 @@ def validate_flux_args(args: FluxArgs) -> None:
     if unknown:
         raise ValueError(f"flux components {unknown} are unknown; choose from {list(DEFAULT_COMPONENTS)}")
     host = args.get("host_controllers")
+    if host and not args.get("multi_tenancy", True):
+        raise ValueError("flux multi_tenancy: false cannot apply to the local platform's host controllers, which "
+                         "always run locked down (each sync as its own ServiceAccount); remove it")
     if host:
         elsewhere = [component for component in components if component not in host]
         if elsewhere:
@@ -115,6 +124,9 @@ def build_sync_manifests(content: str, substitute: Mapping[str, str] | None = No
             document.get("spec", {}).pop("secretRef", None)
         if document.get("kind") == "Kustomization":
             spec = document.setdefault("spec", {})
+            # Applied as kustomize-controller's own ServiceAccount, as Flux's lockdown has it: under the
+            # lockdown a sync naming none would run as `default`, with no rights.
+            spec["serviceAccountName"] = CLUSTER_SYNC_SERVICE_ACCOUNT
             # A failed health check (a synced Stack still running its first update) is retried soon,
             # not at the next interval.
             spec.update(prune=True, wait=True, timeout=timeout, retryInterval="30s",
@@ -128,9 +140,19 @@ def _selects(selector: dict[str, str] | None, labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
 
 
-def build_flux_manifests(content: str, host_controllers: Sequence[str] = ()) -> FluxManifests:
+def lock_down(deployment: dict[str, Any]) -> None:
+    """Add Flux's multi-tenancy lockdown flags to a controller's Deployment (its `manager` container)."""
+    flags = LOCKDOWN_FLAGS.get(deployment["metadata"]["name"], ())
+    for container in deployment["spec"]["template"]["spec"]["containers"]:
+        if container["name"] == "manager":
+            container["args"] = [*container.get("args", []), *flags]
+
+
+def build_flux_manifests(content: str, host_controllers: Sequence[str] = (),
+                         multi_tenancy: bool = True) -> FluxManifests:
     """Split `get_flux_install`'s multi-document YAML into CRDs and the rest, dropping the
-    Deployments of host-run controllers and the Services that select only their pods."""
+    Deployments of host-run controllers and the Services that select only their pods, and locking
+    the controllers down for multi-tenancy unless told not to."""
     crds, kept, host_run, host_pods = [], [], [], []
     for document in yaml.safe_load_all(content):
         if not document:
@@ -142,6 +164,8 @@ def build_flux_manifests(content: str, host_controllers: Sequence[str] = ()) -> 
             host_pods.append((document["metadata"].get("namespace"),
                               document["spec"]["template"]["metadata"].get("labels") or {}))
         else:
+            if document.get("kind") == "Deployment" and multi_tenancy:
+                lock_down(document)
             kept.append(document)
     if not crds:
         raise ValueError("the Flux install has no CustomResourceDefinitions; check `version` and `baseurl`")
@@ -177,7 +201,8 @@ class Flux(pulumi.ComponentResource):
             target_path="strata", version=args["version"], namespace=namespace,
             components=list(args.get("components", DEFAULT_COMPONENTS)), baseurl=args.get("baseurl"),
             network_policy=args.get("network_policy", True), opts=pulumi.InvokeOptions(parent=self))
-        manifests = install.content.apply(lambda content: build_flux_manifests(content, host_controllers))
+        manifests = install.content.apply(
+            lambda content: build_flux_manifests(content, host_controllers, args.get("multi_tenancy", True)))
         crds = k8s.yaml.v2.ConfigGroup(f"{name}-crds", objs=manifests.apply(lambda m: m.crds), opts=child)
         controllers = k8s.yaml.v2.ConfigGroup(
             f"{name}-install", objs=manifests.apply(lambda m: m.resources),

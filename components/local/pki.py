@@ -23,6 +23,8 @@ CLIENTS = (
     ("scheduler", "system:kube-scheduler", None),
     # kube-apiserver's identity towards kubelets (logs, exec, port-forward on real nodes).
     ("kubelet-client", "kube-apiserver-kubelet-client", "system:masters"),
+    # The git server's, to announce a push to Flux: it may patch GitRepositories and nothing else.
+    ("git-server", "strata:git-server", None),
 )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from . import processes, realnode
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
+from ..flux_tenancy import LOCKDOWN_FLAGS
 from ..kubeconfig import build_client_certificate_kubeconfig, build_token_kubeconfig, pem_data
 from .kube import http_ok, https_ok, load_documents, server_side_apply, write_private
 from .pki import ensure_pki
@@ -63,6 +64,20 @@ def subprocess_ok(argv: list[str]) -> bool:
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(os.environ.get("STRATA_STATE_DIR") or Path(base) / "strata" / "platform")
+
+
+def build_git_server_rbac() -> list[dict]:
+    """What the git server's identity (`strata:git-server`, a client certificate of the platform's CA) may
+    do: find the GitRepositories of a pushed repository and ask Flux to fetch them, nothing else."""
+    name = "strata:git-server"
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": [{"apiGroups": ["source.toolkit.fluxcd.io"], "resources": ["gitrepositories"],
+                    "verbs": ["list", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]},
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,8 +246,9 @@ class LocalPlatform:
             (HostProcess("git-server", [
                 sys.executable, "-m", "strata_components.local.gitserver", f"--root={state / 'git'}",
                 f"--port={ports['git']}",
-                # A push is announced to Flux at once (as a webhook Receiver would): no waiting for a poll.
-                f"--kubeconfig={self.kubeconfig_path}",
+                # A push is announced to Flux at once (as a webhook Receiver would): no waiting for a poll,
+                # under an identity of its own that may patch GitRepositories and nothing else.
+                f"--kubeconfig={kubeconfigs / 'git-server.kubeconfig'}",
             ]), lambda: not processes.port_is_free(ports["git"])),
             (HostProcess("flux-bundle-server", [
                 sys.executable, "-m", "http.server", "--bind=127.0.0.1", f"--directory={flux_bundle}",
@@ -253,6 +269,7 @@ class LocalPlatform:
                 f"--metrics-addr=127.0.0.1:{ports['notification_metrics']}",
                 f"--health-addr=127.0.0.1:{ports['notification_health']}",
                 "--enable-leader-election=false", "--log-level=info", "--log-encoding=console",
+                *LOCKDOWN_FLAGS["notification-controller"],
             ], env=flux_env), lambda: http_ok(f"http://127.0.0.1:{ports['notification_health']}/readyz")))
         if "source-controller" in self.config.host_controllers:
             storage = f"127.0.0.1:{ports['source_storage']}"
@@ -267,6 +284,7 @@ class LocalPlatform:
                 str(tc.bin("kustomize-controller")),
                 f"--metrics-addr=127.0.0.1:{ports['kustomize_metrics']}",
                 f"--health-addr=127.0.0.1:{ports['kustomize_health']}", *common,
+                *LOCKDOWN_FLAGS["kustomize-controller"],
             ], env=flux_env), lambda: http_ok(f"http://127.0.0.1:{ports['kustomize_health']}/readyz")))
         return result
 
@@ -286,7 +304,8 @@ class LocalPlatform:
     def _write_kubeconfigs(self, ports: dict[str, int]) -> None:
         for stem, path in (("admin", self.kubeconfig_path),
                            ("controller-manager", self.state / "kubeconfigs" / "controller-manager.kubeconfig"),
-                           ("scheduler", self.state / "kubeconfigs" / "scheduler.kubeconfig")):
+                           ("scheduler", self.state / "kubeconfigs" / "scheduler.kubeconfig"),
+                           ("git-server", self.state / "kubeconfigs" / "git-server.kubeconfig")):
             write_private(path, self._client_kubeconfig(ports, stem))
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -303,6 +322,8 @@ class LocalPlatform:
         for process, ready in plan:
             if process.name in HOST_CONTROLLERS:
                 self._install_flux_crds(process.name)
+            if process.name == "git-server":
+                server_side_apply(self.kubeconfig_path, build_git_server_rbac())
             already = processes.running_pid(self.run_dir, process.name) is not None
             self._start_and_wait(process, ready)
             say(f"  {process.name}: {'already running' if already else 'ready'} "

@@ -40,7 +40,9 @@ def test_git_repository_becomes_ready_with_a_verified_artifact(local_platform, k
     assert hashlib.sha256(payload).hexdigest() == digest
 
 
-def test_kustomization_applies_manifests_from_git(local_platform, kube_client, namespace):
+def test_kustomization_applies_manifests_from_git_as_its_service_account_only(local_platform, kube_client, namespace):
+    """Flux runs locked down (multi-tenancy): a Kustomization naming no ServiceAccount is applied as its
+    namespace's `default`, which may do nothing; one naming a ServiceAccount bound to `edit` there applies."""
     configmap = (f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-git\n  namespace: {namespace}\n"
                  "data:\n  answer: '42'\n")
     url = local_platform.git.create(f"{namespace}-deploy", {"deploy/configmap.yaml": configmap})
@@ -55,6 +57,24 @@ def test_kustomization_applies_manifests_from_git(local_platform, kube_client, n
                  "sourceRef": {"kind": "GitRepository", "name": "deploy"}},
     })
     core = client.CoreV1Api(kube_client)
+
+    def refused():
+        obj = custom.get_namespaced_custom_object("kustomize.toolkit.fluxcd.io", "v1", namespace, "kustomizations",
+                                                  "deploy")
+        ready = next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Ready"), None)
+        return ready if ready and ready["status"] == "False" and "forbidden" in ready["message"] else None
+
+    message = processes.wait_until(refused, 90, "Kustomization deploy refused as `default`")["message"]
+    assert f"system:serviceaccount:{namespace}:default" in message, message
+
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "deployer"}})
+    client.RbacAuthorizationV1Api(kube_client).create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "deployer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": "deployer", "namespace": namespace}]})
+    custom.patch_namespaced_custom_object("kustomize.toolkit.fluxcd.io", "v1", namespace, "kustomizations", "deploy",
+                                          {"spec": {"serviceAccountName": "deployer"},
+                                           "metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": "now"}}})
 
     def applied():
         try:

@@ -196,6 +196,17 @@ def stacks(operator: Operator, kube_client, namespace: str, tmp_path: Path) -> S
     return env
 
 
+def team_identity(platform: Any, namespace: str, team: str) -> str:
+    """A team's ServiceAccount and Role in `namespace`, exactly as the TeamEnvironment component renders
+    them, server-side applied; returns the ServiceAccount's name (what a team's sync runs as)."""
+    from strata_components.local.kube import server_side_apply
+    from strata_components.team import build_team_objects, team_names
+
+    server_side_apply(platform.kubeconfig_path, [obj for obj in build_team_objects(team, namespace)
+                                                 if obj["kind"] != "Namespace"])
+    return team_names(team, namespace)["service_account"]
+
+
 def stash_program(**values: Any) -> dict[str, Any]:
     """A Program body with one `pulumi:index:Stash` per value, each exported as an output (its `input`:
     a Stash keeps its first `output` until replaced)."""

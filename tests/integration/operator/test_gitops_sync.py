@@ -13,7 +13,7 @@ import yaml
 from strata_components.flux import build_sync_manifests
 from strata_components.local import processes
 
-from .conftest import has_condition, stash_program, unique
+from .conftest import has_condition, stash_program, team_identity, unique
 
 FLUX_SOURCE = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
 KUSTOMIZE = ("kustomize.toolkit.fluxcd.io", "v1", "kustomizations")
@@ -34,9 +34,10 @@ def manifests(namespace: str, greeting: str) -> dict[str, str]:
             "clusters/test/stack.yaml": yaml.safe_dump(stack)}
 
 
-def sync(namespace: str, url: str, backend: str) -> list[dict]:
-    """The GitRepository and Kustomization, with the options the Flux component gives its sync. The
-    source polls only every 10 minutes: anything faster is the push notification."""
+def sync(namespace: str, url: str, backend: str, service_account: str) -> list[dict]:
+    """The GitRepository and Kustomization, with the options the Flux component gives its sync, applied as
+    `service_account` (Flux runs locked down: the cluster's own sync is kustomize-controller, a tenant's
+    its own identity). The source polls only every 10 minutes: anything faster is the push notification."""
     rendered = yaml.safe_dump_all([
         {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
          "metadata": {"name": "fleet", "namespace": namespace},
@@ -45,14 +46,17 @@ def sync(namespace: str, url: str, backend: str) -> list[dict]:
          "metadata": {"name": "fleet", "namespace": namespace},
          "spec": {"interval": "10m", "path": "./clusters/test", "sourceRef": {"kind": "GitRepository", "name": "fleet"}}},
     ])
-    return build_sync_manifests(rendered, {"STRATA_BACKEND": backend}, timeout="2m")
+    repository, kustomization = build_sync_manifests(rendered, {"STRATA_BACKEND": backend}, timeout="2m")
+    kustomization["spec"]["serviceAccountName"] = service_account
+    return [repository, kustomization]
 
 
 def test_a_push_reaches_the_synced_stack_without_a_poll_and_the_sync_comes_down_stacks_first(
         stacks, local_platform, tmp_path):
     namespace, custom = stacks.namespace, stacks.custom
     url = local_platform.git.create(unique("fleet"), manifests(namespace, "v1"))
-    repository, kustomization = sync(namespace, url, stacks.backend)
+    repository, kustomization = sync(namespace, url, stacks.backend,
+                                     team_identity(local_platform, namespace, "fleet"))
     custom.create_namespaced_custom_object(*FLUX_SOURCE[:2], namespace, FLUX_SOURCE[2], repository)
     custom.create_namespaced_custom_object(*KUSTOMIZE[:2], namespace, KUSTOMIZE[2], kustomization)
 

@@ -112,6 +112,8 @@ def test_build_flux_manifests_keeps_every_document_exactly_once():
     ({"version": "latest"}, "leading v"),
     ({"version": "v2.9.5", "components": ["image-reflector-controller2"]}, "unknown"),
     ({"version": "v2.9.5", "host_controllers": ["source-controller"]}, "kwok"),
+    ({"version": "v2.9.5", "components": ["source-controller"], "host_controllers": ["source-controller"],
+      "multi_tenancy": False}, "always run locked down"),
 ])
 def test_bad_flux_args_are_rejected_with_the_field(args, message):
     with pytest.raises(ValueError, match=message):
@@ -124,3 +126,24 @@ def test_sync_keeps_the_git_credentials_only_when_given():
         {"kind": "Kustomization", "spec": {"path": "./"}}])
     assert "secretRef" not in build_sync_manifests(rendered)[0]["spec"]
     assert build_sync_manifests(rendered, secret_name="flux-system")[0]["spec"]["secretRef"] == {"name": "flux-system"}
+
+
+def test_the_controllers_run_locked_down_for_multi_tenancy_unless_told_not_to():
+    def args_of(manifests, name):
+        deployment = next(o for o in manifests.resources if o["kind"] == "Deployment" and o["metadata"]["name"] == name)
+        return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "manager")["args"]
+
+    locked = build_flux_manifests(FLUX_INSTALL)
+    kustomize = args_of(locked, "kustomize-controller")
+    assert {"--no-cross-namespace-refs=true", "--no-remote-bases=true", "--default-service-account=default"} <= set(
+        kustomize)
+    assert "--watch-all-namespaces=true" in kustomize  # the install's own flags stay
+    assert not {a for a in args_of(locked, "source-controller") if "cross-namespace" in a or "service-account" in a}
+    open_ = build_flux_manifests(FLUX_INSTALL, multi_tenancy=False)
+    assert not [a for a in args_of(open_, "kustomize-controller") if "cross-namespace" in a]
+
+
+def test_the_cluster_wide_sync_runs_as_kustomize_controller_not_as_the_default_service_account():
+    rendered = yaml.safe_dump_all([{"kind": "GitRepository", "spec": {"url": "https://git/x.git"}},
+                                   {"kind": "Kustomization", "spec": {"path": "./"}}])
+    assert build_sync_manifests(rendered)[1]["spec"]["serviceAccountName"] == "kustomize-controller"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from strata_components.local.platform import (DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PORTS, LocalPlatform,
-                                              PlatformConfig, PlatformError)
+                                              PlatformConfig, PlatformError, build_git_server_rbac)
 from strata_components.local.toolchain import Toolchain
 
 
@@ -62,3 +62,17 @@ def test_a_platform_from_before_a_new_component_keeps_its_ports(tmp_path, toolch
 def test_unknown_host_controllers_are_refused(tmp_path, toolchain):
     with pytest.raises(PlatformError, match="unknown host controllers \\['helm-controller'\\]"):
         LocalPlatform(PlatformConfig(state_dir=tmp_path, host_controllers=("helm-controller",)), toolchain)
+
+
+def test_flux_runs_locked_down_and_the_git_server_under_an_identity_of_its_own(tmp_path, toolchain):
+    argv, _ = plan(tmp_path, toolchain, HOST_CONTROLLERS)
+    assert {"--no-cross-namespace-refs=true", "--no-remote-bases=true", "--default-service-account=default"} <= set(
+        argv["kustomize-controller"])
+    assert "--no-cross-namespace-refs=true" in argv["notification-controller"]
+    # Not the admin kubeconfig: a client certificate whose RBAC patches GitRepositories and nothing else.
+    assert f"--kubeconfig={tmp_path / 'state' / 'kubeconfigs' / 'git-server.kubeconfig'}" in argv["git-server"]
+    role, binding = build_git_server_rbac()
+    assert role["rules"] == [{"apiGroups": ["source.toolkit.fluxcd.io"], "resources": ["gitrepositories"],
+                              "verbs": ["list", "patch"]}]
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                    "name": "strata:git-server"}]
