@@ -22,14 +22,16 @@ from strata_components.local.preflight import operator_engine_flags
 from strata_components.operator import Operator
 from strata_components.project_repo import ProjectRepo
 from strata_components.stack import Stack
+from strata_components.team import validate_teams
 
 config = pulumi.Config()
 platform_settings = config.get_object("platform")
 teams = config.get_object("teams") or []
+flux_settings = config.get_object("flux") or {}
+sync_path = (flux_settings.get("sync") or {}).get("path")
 
 cluster_config = cluster_args(config.get_object("cluster") or {})
 cluster = Cluster("strata", cluster_config)
-flux_settings = config.get_object("flux") or {}
 flux = Flux("flux", flux_args(flux_settings, cluster.provider, cluster_config,
                               bundle_url=cluster.flux_bundle_url))
 operator_config = operator_args(config.get_object("operator") or {}, cluster.provider, cluster_config,
@@ -48,12 +50,16 @@ if platform_settings:
     published = None
     repo_args = project_repo_args(platform_settings, cluster_config, cluster.git_url,
                                   program_dir=str(Path(__file__).resolve().parent))
+    # Each team's GitOps directory must be in the repository Flux syncs: a missing one is named here, not
+    # found later as a failing Kustomization.
+    validate_teams(teams, "strata:teams", repo_args["source_dir"] if repo_args else None, sync_path)
     if repo_args is not None:
         # The operator runs programs/platform from git: publish this project to the platform's git server.
         repo = ProjectRepo("project-repo", repo_args)
         published = (repo.url, repo.commit)
     namespace = operator_config["namespace"]
-    spec = platform_stack_spec(platform_settings, this_stack(), teams, published, namespace=namespace)
+    spec = platform_stack_spec(platform_settings, this_stack(), teams, published, namespace=namespace,
+                               sync_path=sync_path)
     # The platform stack shares this stack's backend and passphrase (it reads this stack by reference);
     # it derives each team's own passphrase from it and never hands it to a team.
     passphrase = config.get_secret("statePassphrase") or (

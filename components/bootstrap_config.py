@@ -127,10 +127,11 @@ def resolve_backend_url(url: str) -> str:
 
 def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
                         published: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None,
-                        namespace: str | None = None) -> StackSpec:
+                        namespace: str | None = None, sync_path: str | None = None) -> StackSpec:
     """`strata:platform` -> the Stack running programs/platform (layer 1), which reads `bootstrap_stack`
     by reference. Its git source is `repo` + `branch` when configured, else `published` (url, commit).
-    `namespace` is the platform Stack's own, where it puts the teams' hand-off Stacks."""
+    `namespace` is the platform Stack's own, where it puts the teams' hand-off Stacks; `sync_path` the
+    directory of this project Flux syncs, under which each team's own is (`team-<name>`)."""
     spec: StackSpec = {
         "stack": settings.get("stack", "organization/strata-platform/dev"),
         "repo_dir": settings.get("dir", "programs/platform"),
@@ -144,6 +145,8 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
     }
     if namespace:
         spec["config"]["strata-platform:namespace"] = namespace
+    if sync_path:
+        spec["config"]["strata-platform:syncPath"] = sync_path.strip("/").removeprefix("./")
     if "repo" in settings:
         spec["project_repo"] = settings["repo"]
         spec["branch"] = settings.get("branch", "main")

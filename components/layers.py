@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
+import urllib.parse
 
 import pulumi
 
@@ -41,6 +42,13 @@ def team_passphrase(passphrase: pulumi.Input[str], team: str) -> pulumi.Output[s
     """`derive_team_passphrase` of a (secret) Output, computed inside `apply` and kept secret."""
     return pulumi.Output.secret(pulumi.Output.from_input(passphrase).apply(
         lambda value: derive_team_passphrase(value, team)))
+
+
+def team_backend(backend: str, team: str) -> str:
+    """A team's own state backend: `teams/<team>` under the platform's (a directory of a file:// backend,
+    a prefix of a bucket's, its query options kept). Only the team's Stacks and its hand-off stack use it."""
+    url = urllib.parse.urlsplit(backend)
+    return urllib.parse.urlunsplit(url._replace(path=f"{url.path.rstrip('/')}/teams/{team}"))
 
 
 def this_stack() -> str:

@@ -1,14 +1,17 @@
 """TeamEnvironment: one team's namespace, identity and least-privilege access, plus a kubeconfig for it.
 
-The team's ServiceAccount may manage the usual workload objects in its own namespace and only read
-the rest of what it needs (pods, events, its Stacks and Flux sources); it gets read-only access to
-other namespaces only when they are listed in `read_namespaces`, and never to their Secrets. Its
+The team's ServiceAccount may manage the usual workload objects, its Stacks, Programs and Flux sources
+in its own namespace and only read the rest of what it needs (pods, events, its sync); it gets read-only
+access to other namespaces only when they are listed in `read_namespaces`, and never to their Secrets.
+With `sync`, Flux applies the team's directory of git as that ServiceAccount: the team's GitOps can
+reach nothing the team could not. Its
 kubeconfig carries the token of a `kubernetes.io/service-account-token` Secret, which the token
 controller fills (pulumi-kubernetes waits for that) and revokes when the Secret is deleted.
 """
 
 import re
-from collections.abc import Sequence
+from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 import pulumi
@@ -22,6 +25,7 @@ from .stack import Stack, StackSpec
 READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
 FLUX_SOURCE_API = "source.toolkit.fluxcd.io/v1"
+FLUX_KUSTOMIZE_API = "kustomize.toolkit.fluxcd.io/v1"
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -34,6 +38,16 @@ class TeamSourceArgs(TypedDict):
     """How often Flux fetches it (default 1m)."""
     secret_name: NotRequired[str]
     """Secret in the team namespace with git credentials."""
+
+
+class TeamSyncArgs(TypedDict):
+    path: str
+    """Directory of the team's `source` repository that the team owns: Flux applies it as the team."""
+    substitute: NotRequired[Mapping[str, pulumi.Input[str]]]
+    """Variables Flux fills into the team's manifests (`${NAME}`, postBuild substitution), e.g. the
+    team's state backend."""
+    timeout: NotRequired[str]
+    """How long the team's Kustomization waits for what it applied to be healthy (default 5m)."""
 
 
 class TeamStackArgs(TypedDict):
@@ -68,10 +82,15 @@ class TeamEnvironmentArgs(TypedDict):
     """Flux GitRepository for the team's program."""
     stack: NotRequired[TeamStackArgs]
     """A Stack running the team's program from `source` under the team's ServiceAccount (needs `source`)."""
+    sync: NotRequired[TeamSyncArgs]
+    """The team's own GitOps: a Flux Kustomization in the team's namespace applying `sync.path` of
+    `source` as the team's ServiceAccount (impersonated), so a commit there reaches only what the team
+    may touch (needs `source`)."""
 
 
 def build_team_rules() -> list[dict[str, Any]]:
-    """What a team may do inside its own namespace: run workloads, never touch RBAC or quotas."""
+    """What a team may do inside its own namespace: run workloads and write the Stacks, Programs and Flux
+    sources its GitOps syncs; never touch RBAC, quotas or its own sync."""
     return [
         {"apiGroups": [""], "resources": ["configmaps", "secrets", "services", "serviceaccounts",
                                           "persistentvolumeclaims"], "verbs": WRITE},
@@ -82,8 +101,11 @@ def build_team_rules() -> list[dict[str, Any]]:
         {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses"], "verbs": WRITE},
         {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": WRITE},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": READ},
-        {"apiGroups": ["pulumi.com"], "resources": ["stacks", "programs"], "verbs": READ},
-        {"apiGroups": ["source.toolkit.fluxcd.io"], "resources": ["gitrepositories"], "verbs": READ},
+        # The team's GitOps, applied as the team: its Stacks and Programs and the sources they name.
+        {"apiGroups": ["pulumi.com"], "resources": ["stacks", "programs"], "verbs": WRITE},
+        {"apiGroups": ["source.toolkit.fluxcd.io"], "resources": ["gitrepositories", "ocirepositories", "buckets"],
+         "verbs": WRITE},
+        {"apiGroups": ["kustomize.toolkit.fluxcd.io"], "resources": ["kustomizations"], "verbs": READ},
     ]
 
 
@@ -101,6 +123,46 @@ def team_names(team: str, namespace: str | None = None) -> dict[str, str]:
         raise ValueError(f"team name {team!r} must be a DNS label of at most 50 characters (a-z, 0-9, -)")
     return {"namespace": namespace or f"team-{team}", "service_account": f"team-{team}",
             "token_secret": f"team-{team}-token", "role": f"team-{team}", "viewer_role": f"team-{team}-viewer"}
+
+
+TEAM_KEYS = {"name", "namespace", "readNamespaces", "repo", "branch", "dir", "stack", "path"}
+
+
+def validate_teams(teams: Any, field: str, project_dir: str | None = None,
+                   sync_path: str | None = None) -> None:
+    """The teams of a stack's config (`field`, e.g. strata:teams), each a clear ValueError naming the entry
+    and the fix: a team needs a name that is a DNS label, names and namespaces are each one team's, no
+    unknown keys; with `project_dir` (this project, as published for Flux), the directory each team's
+    sync applies must exist in it (`path`, else `<sync_path>/team-<name>`)."""
+    if not isinstance(teams, list):
+        raise ValueError(f"{field} must be a list of teams such as [{{name: alpha}}]")
+    names: dict[str, str] = {}
+    namespaces: dict[str, str] = {}
+    for index, team in enumerate(teams):
+        where = f"{field}[{index}]"
+        if not isinstance(team, dict) or not team.get("name"):
+            raise ValueError(f"{where}: a team needs a `name` (a DNS label, e.g. gamma)")
+        name = str(team["name"])
+        where = f"{where} ({name})"
+        unknown = sorted(set(team) - TEAM_KEYS)
+        if unknown:
+            raise ValueError(f"{where}: unknown keys {unknown}; a team takes {sorted(TEAM_KEYS)}")
+        try:
+            namespace = team_names(name, team.get("namespace"))["namespace"]
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        if name in names:
+            raise ValueError(f"{where}: team {name!r} is listed twice; list each team once")
+        if namespace in namespaces:
+            raise ValueError(f"{where}: namespace {namespace} is already the namespace of team "
+                             f"{namespaces[namespace]}; give each team a namespace of its own (a team can reach "
+                             "everything in its namespace)")
+        names[name], namespaces[namespace] = name, name
+        path = team.get("path") or (f"{sync_path}/team-{name}" if sync_path and "repo" not in team else None)
+        if project_dir and path and "repo" not in team and not (Path(project_dir) / path).is_dir():
+            raise ValueError(f"{where}: its sync applies {path} of this project's repository, which does not exist; "
+                             f"commit that directory (a kustomization.yaml listing the team's Stacks, or none yet) "
+                             f"or set the team's `path`")
 
 
 def build_team_objects(team: str, namespace: str | None = None,
@@ -149,6 +211,21 @@ def build_team_source(team: str, namespace: str, source: TeamSourceArgs) -> dict
             "spec": spec}
 
 
+def build_team_sync(team: str, namespace: str, service_account: str, sync: TeamSyncArgs) -> dict[str, Any]:
+    """The team's Flux Kustomization: `sync.path` of the team's GitRepository, applied as the team's
+    ServiceAccount. It prunes what leaves git and, when deleted, waits until what it pruned is gone (the
+    operator destroys a Stack before its namespace goes)."""
+    spec: dict[str, Any] = {
+        "interval": "10m", "retryInterval": "30s", "timeout": sync.get("timeout", "5m"),
+        "sourceRef": {"kind": "GitRepository", "name": f"team-{team}"}, "path": sync["path"],
+        "serviceAccountName": service_account, "prune": True, "wait": True, "deletionPolicy": "WaitForTermination"}
+    if sync.get("substitute"):
+        spec["postBuild"] = {"substitute": dict(sync["substitute"])}
+    return {"apiVersion": FLUX_KUSTOMIZE_API, "kind": "Kustomization",
+            "metadata": {"name": f"team-{team}", "namespace": namespace, "labels": {"strata.dev/team": team}},
+            "spec": spec}
+
+
 def build_team_stack_spec(team: str, service_account: str, stack: TeamStackArgs) -> StackSpec:
     """The Stack spec running the team's program from its GitRepository under the team's identity."""
     spec: StackSpec = {**stack.get("extra", {}), "stack": stack["stack"],
@@ -179,8 +256,9 @@ class TeamEnvironment(pulumi.ComponentResource):
         super().__init__("strata:index:TeamEnvironment", name, {}, opts)
         team = args["team"]
         names = team_names(team, args.get("namespace"))
-        if "stack" in args and "source" not in args:
-            raise ValueError(f"team {team}: `stack` runs the program from `source`; add `source` (a git URL)")
+        for needs_source in ("stack", "sync"):
+            if needs_source in args and "source" not in args:
+                raise ValueError(f"team {team}: `{needs_source}` reads the team's `source`; add `source` (a git URL)")
         child = pulumi.ResourceOptions(parent=self, provider=args["provider"])
         created: dict[str, pulumi.CustomResource] = {}
         for manifest in build_team_objects(team, args.get("namespace"), args.get("read_namespaces", ())):
@@ -206,6 +284,11 @@ class TeamEnvironment(pulumi.ComponentResource):
                                         "spec": build_team_stack_spec(team, names["service_account"], args["stack"])},
                       pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                           depends_on=[source, *created.values()])))
+            if "sync" in args:
+                create_object(f"{name}-sync", build_team_sync(team, names["namespace"], names["service_account"],
+                                                              args["sync"]),
+                              pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                                  depends_on=[source, *created.values()])))
         self.namespace = namespace_resource.metadata.name
         self.service_account = pulumi.Output.from_input(names["service_account"])
         self.register_outputs({"namespace": self.namespace, "service_account": self.service_account,

@@ -183,18 +183,22 @@ def known_salt(home: DevHome, project: str) -> str | None:
 def expected_objects(stack_config: dict[str, Any], project: Path) -> list[str]:
     """Keys (as stackwatch names them) of what the dev stack's layers create and must see Ready: the
     platform Stack, each team's hand-off Stack, the app Stack of each team with a program of the
-    platform's (`dir` or `repo`), Flux's Kustomization, and every Stack in the directory it syncs."""
+    platform's (`dir` or `repo`), Flux's Kustomization, each team's own (its directory of this project),
+    and every Stack in the directories they sync."""
     config = stack_config.get("config") or {}
     keys = []
+    flux = config.get("strata:flux") or {}
+    sync = flux.get("sync")
     if config.get("strata:platform"):
         namespace = (config.get("strata:operator") or {}).get("namespace", OPERATOR_NAMESPACE)
         keys.append(f"{namespace}/strata-platform")
         for team in config.get("strata:teams") or []:
+            team_namespace = team.get("namespace") or f"team-{team['name']}"  # team.team_names, without pulumi
             keys.append(f"{namespace}/team-{team['name']}-handoff")
             if "dir" in team or "repo" in team:
-                keys.append(f"team-{team['name']}/team-{team['name']}")
-    flux = config.get("strata:flux") or {}
-    sync = flux.get("sync")
+                keys.append(f"{team_namespace}/team-{team['name']}")
+            if team.get("path") or (sync is not None and "repo" not in team):
+                keys.append(f"kustomization {team_namespace}/team-{team['name']}")
     if sync is not None:
         namespace = flux.get("namespace", "flux-system")
         keys.append(f"kustomization {namespace}/{namespace}")

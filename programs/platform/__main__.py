@@ -3,14 +3,17 @@ team a hand-off stack that gives the team its kubeconfig under a passphrase of i
 
 Config (set by the bootstrap's platform Stack):
   bootstrapStack   fully qualified name of the bootstrap stack (its kubeconfig/server outputs)
-  teams            JSON list of {name, readNamespaces?, repo?, branch?, dir?, stack?}; a team with `repo`
-                   or `dir` gets an app Stack running its program under its own identity
+  teams            JSON list of {name, namespace?, readNamespaces?, repo?, branch?, dir?, stack?, path?}; a
+                   team with `repo` or `dir` gets an app Stack running its program under its own identity,
+                   and a team whose `path` (default: `<syncPath>/team-<name>` of this project) is synced
+                   gets a Flux Kustomization applying it as the team
   statePassphrase  (secret) the shared state passphrase; each team's passphrase is derived from it
   namespace        the platform Stack's namespace, where the teams' hand-off Stacks run
-  backend          state backend of the hand-off and team stacks (default: the operator's)
+  backend          the platform's state backend; each team's state goes under it, in `teams/<name>`
   projectRepo      git URL of this project (and projectBranch): where a team with only `dir` finds its program
+  syncPath         the directory of this project Flux syncs for the platform; each team's is under it
 Outputs: teamKubeconfigs / teamTokens / teamPassphrases (secret maps team -> value), teamNamespaces,
-teamHandoffStacks (team -> the stack its app stack references).
+teamHandoffStacks (team -> the stack its app stack references), teamBackends (team -> its state backend).
 """
 
 from __future__ import annotations
@@ -23,36 +26,51 @@ import pulumi_kubernetes as k8s
 
 from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handoff_program
 from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, ClusterAccess, handoff_stack,
-                                     read_cluster_access, team_passphrase)
+                                     read_cluster_access, team_backend, team_passphrase)
 from strata_components.stack import Program
-from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, team_names
+from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, team_names, validate_teams
 
 
-def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str],
-              backend: str | None, project_repo: tuple[str, str] | None) -> TeamEnvironmentArgs:
+def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], backend: str | None,
+              project_repo: tuple[str, str] | None, sync_path: str | None = None) -> TeamEnvironmentArgs:
     """A team runs an app when it names a `repo`, or a `dir` of this project's repository (`project_repo`:
-    url, branch)."""
-    args: TeamEnvironmentArgs = {"provider": provider, "team": team["name"], "server": server,
+    url, branch); its GitOps is `path` of its source (default: `<sync_path>/team-<name>` of this project),
+    applied as the team, with its own state backend (`teams/<name>` under `backend`) filled in."""
+    name = team["name"]
+    args: TeamEnvironmentArgs = {"provider": provider, "team": name, "server": server,
                                  "read_namespaces": team.get("readNamespaces", [])}
-    source = ((team["repo"], team.get("branch", "main")) if "repo" in team
-              else project_repo if "dir" in team else None)
-    if "dir" in team and source is None:
-        raise ValueError(f"team {team['name']}: `dir` names a program in this project's repository, but the platform "
+    if "namespace" in team:
+        args["namespace"] = team["namespace"]
+    if "dir" in team and "repo" not in team and project_repo is None:
+        raise ValueError(f"team {name}: `dir` names a program in this project's repository, but the platform "
                          "Stack has no strata-platform:projectRepo; give the team a `repo`")
-    if source is not None:
+    source = (team["repo"], team.get("branch", "main")) if "repo" in team else project_repo
+    state = team_backend(backend, name) if backend else None
+    runs_app = "repo" in team or "dir" in team
+    path = team.get("path") or (f"{sync_path}/team-{name}" if sync_path and "repo" not in team else None)
+    if source is not None and (runs_app or path):
         args["source"] = {"url": source[0], "branch": source[1]}
+    if runs_app:
         # The team's own passphrase: it decrypts the team's hand-off stack and app stack, nothing else.
         passphrase = {"type": "Secret", "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}
         args["stack"] = {
-            "stack": team.get("stack", f"organization/strata-app-team/{team['name']}"),
+            "stack": team.get("stack", f"organization/strata-app-team/{name}"),
             "dir": team.get("dir", "programs/app-team"),
-            "config": {"strata-app-team:handoffStack": handoff_stack(team["name"]),
-                       "strata-app-team:team": team["name"]},
+            "config": {"strata-app-team:handoffStack": handoff_stack(name),
+                       "strata-app-team:team": name},
             "extra": {"env_refs": {"PULUMI_CONFIG_PASSPHRASE": passphrase}, "destroy_on_finalize": True},
         }
-        if backend:
-            args["stack"]["backend"] = backend
+        if state:
+            args["stack"]["backend"] = state
             args["stack"]["secrets_provider"] = "passphrase"
+    if path and "source" in args:
+        # What differs per cluster stays out of the team's manifests: Flux fills it in, the team's own backend.
+        substitute: dict[str, pulumi.Input[str]] = {}
+        if project_repo is not None:
+            substitute.update(STRATA_PROJECT_REPO=project_repo[0], STRATA_PROJECT_BRANCH=project_repo[1])
+        if state:
+            substitute["STRATA_BACKEND"] = state
+        args["sync"] = {"path": path, "substitute": substitute}
     return args
 
 
@@ -67,6 +85,8 @@ class PlatformSettings:
     shared_passphrase: pulumi.Output[str] | None
     """The shared state passphrase (secret); only needed, and required, when there are teams."""
     namespace: str | None
+    sync_path: str | None
+    """The directory of this project Flux syncs for the platform; each team's directory is under it."""
 
 
 def read_settings(config: pulumi.Config) -> PlatformSettings:
@@ -75,12 +95,13 @@ def read_settings(config: pulumi.Config) -> PlatformSettings:
     teams = config.get_object("teams") or []
     if isinstance(teams, str):  # Stack config values arrive as strings
         teams = json.loads(teams)
+    validate_teams(teams, "strata-platform:teams")
     return PlatformSettings(
         cluster=read_cluster_access(config.require("bootstrapStack")), teams=teams, backend=config.get("backend"),
         project_repo=((config.get("projectRepo"), config.get("projectBranch") or "main")
                       if config.get("projectRepo") else None),
         shared_passphrase=config.require_secret("statePassphrase") if teams else None,
-        namespace=config.require("namespace") if teams else None)
+        namespace=config.require("namespace") if teams else None, sync_path=config.get("syncPath"))
 
 
 def main() -> None:
@@ -99,16 +120,17 @@ def main() -> None:
                           pulumi.ResourceOptions(provider=provider))
     for team in settings.teams:
         name = team["name"]
-        environment_args = team_args(team, provider, server, backend, project_repo)
+        environment_args = team_args(team, provider, server, backend, project_repo, settings.sync_path)
         environment = TeamEnvironment(name, environment_args)
         environments[name] = environment
         passphrases[name] = team_passphrase(settings.shared_passphrase, name)
         handoff_args: TeamHandoffArgs = {
             "provider": provider, "team": name, "namespace": settings.namespace,
-            "team_namespace": team_names(name)["namespace"], "kubeconfig": environment.kubeconfig,
-            "passphrase": passphrases[name], "program": program}
+            "team_namespace": team_names(name, team.get("namespace"))["namespace"],
+            "kubeconfig": environment.kubeconfig, "passphrase": passphrases[name], "program": program}
         if backend:
-            handoff_args["backend"] = backend
+            # In the team's backend, beside its app stacks, which read it by reference.
+            handoff_args["backend"] = team_backend(backend, name)
         handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args,
                                      pulumi.ResourceOptions(depends_on=[environment]))
         # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
@@ -122,6 +144,8 @@ def main() -> None:
     pulumi.export("teamPassphrases", pulumi.Output.secret(passphrases))
     pulumi.export("teamNamespaces", {name: env.namespace for name, env in environments.items()})
     pulumi.export("teamHandoffStacks", {name: handoff.stack for name, handoff in handoffs.items()})
+    if backend:
+        pulumi.export("teamBackends", {team["name"]: team_backend(backend, team["name"]) for team in settings.teams})
 
 
 # The Python host runs this file as __main__; the engine tier imports it to call read_settings and team_args.

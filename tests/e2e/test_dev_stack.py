@@ -126,19 +126,25 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
     custom, coordination = client.CustomObjectsApi(api), client.CoordinationV1Api(api)
 
-    # Flux's controllers answer; Flux syncs clusters/dev of the published project, alpha's app included.
+    # Flux's controllers answer; Flux syncs clusters/dev of the published project for the platform, and each
+    # team's directory for that team, as that team (alpha's app included).
     status = json.loads(subprocess.run([str(ROOT / ".venv" / "bin" / "strata"), "local", "status", "--state-dir",
                                         str(state)], capture_output=True, text=True).stdout)
     assert status["source-controller"] and status["kustomize-controller"]
-    for plural, namespace, name in (("gitrepositories", "flux-system", "flux-system"),
-                                    ("gitrepositories", "team-alpha", "app")):
-        source = custom.get_namespaced_custom_object("source.toolkit.fluxcd.io", "v1", namespace, plural, name)
+    syncs = {"flux-system": ("clusters/dev", "kustomize-controller"),
+             "team-alpha": ("clusters/dev/team-alpha", "team-alpha"),
+             "team-beta": ("clusters/dev/team-beta", "team-beta")}
+    for namespace, (path, service_account) in syncs.items():
+        name = namespace  # each sync's GitRepository and Kustomization are named after its namespace
+        source = custom.get_namespaced_custom_object("source.toolkit.fluxcd.io", "v1", namespace, "gitrepositories",
+                                                     name)
         assert {c["type"]: c["status"] for c in source["status"]["conditions"]}["Ready"] == "True", source
-    kustomization = custom.get_namespaced_custom_object("kustomize.toolkit.fluxcd.io", "v1", "flux-system",
-                                                        "kustomizations", "flux-system")
-    assert {c["type"]: c["status"] for c in kustomization["status"]["conditions"]}["Ready"] == "True"
-    assert kustomization["spec"]["path"].removeprefix("./") == "clusters/dev"
-    assert "kustomization flux-system/flux-system" in up.stdout and "gitrepository team-alpha/app" in up.stdout
+        kustomization = custom.get_namespaced_custom_object("kustomize.toolkit.fluxcd.io", "v1", namespace,
+                                                            "kustomizations", name)
+        assert {c["type"]: c["status"] for c in kustomization["status"]["conditions"]}["Ready"] == "True"
+        assert kustomization["spec"]["path"].removeprefix("./") == path
+        assert kustomization["spec"]["serviceAccountName"] == service_account
+        assert f"kustomization {namespace}/{name}" in up.stdout
     # The operator leads.
     lease = coordination.read_namespaced_lease("strata-operator-leader", OPERATOR_NAMESPACE)
     assert lease.spec.holder_identity
@@ -160,7 +166,7 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
 
     # alpha's app runs in its namespace, deployed through alpha's own kubeconfig.
     app = stacks["team-alpha/app"]
-    assert app["metadata"]["labels"]["kustomize.toolkit.fluxcd.io/name"] == "flux-system"  # Flux owns it
+    assert app["metadata"]["labels"]["kustomize.toolkit.fluxcd.io/name"] == "team-alpha"  # alpha's sync owns it
     assert app["spec"]["serviceAccountName"] == "team-alpha"
     deployment = apps.read_namespaced_deployment(app["status"]["outputs"]["deployment"], "team-alpha")
     assert deployment.status.ready_replicas == 2
@@ -196,10 +202,13 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     assert "team-alpha/app: Deleting" in down.stdout  # each Stack's destroy is shown
     assert survivors(pids) == [], "make down left local processes running"
     assert not state.exists(), "make down left the platform state"
-    for project, stack in (("strata", "dev"), ("strata-platform", "dev"), ("strata-app-team", "alpha"),
-                           ("strata-team-handoff", "alpha"), ("strata-team-handoff", "beta")):
-        assert not [kind for kind in stack_resources(backend, project, stack) if not kind.startswith("pulumi:")], \
-            (project, stack)
+    # Each team's stacks were in its own backend, beside the platform's.
+    for state_backend, project, stack in ((backend, "strata", "dev"), (backend, "strata-platform", "dev"),
+                                          (backend / "teams" / "alpha", "strata-app-team", "alpha"),
+                                          (backend / "teams" / "alpha", "strata-team-handoff", "alpha"),
+                                          (backend / "teams" / "beta", "strata-team-handoff", "beta")):
+        assert not [kind for kind in stack_resources(state_backend, project, stack)
+                    if not kind.startswith("pulumi:")], (project, stack)
     assert (ROOT / "Pulumi.dev.yaml").read_text() == committed
     assert not subprocess.run(["git", "status", "--porcelain", "--", "Pulumi.dev.yaml"], cwd=ROOT,
                               capture_output=True, text=True).stdout

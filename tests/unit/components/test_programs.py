@@ -153,7 +153,9 @@ def test_platform_layer_reads_the_bootstrap_stack_and_exports_secret_team_creden
     assert stack.inputs["spec"]["serviceAccountName"] == "team-alpha"
     assert stack.inputs["spec"]["config"] == {"strata-app-team:handoffStack": HANDOFF_ALPHA,
                                               "strata-app-team:team": "alpha"}
-    assert stack.inputs["spec"]["backend"] == "file:///state"
+    # Each team's state is its own: its app stacks and its hand-off stack in `teams/<team>`.
+    assert stack.inputs["spec"]["backend"] == "file:///state/teams/alpha"
+    assert out["teamBackends"].value == {"alpha": "file:///state/teams/alpha", "beta": "file:///state/teams/beta"}
     assert stack.inputs["spec"]["envRefs"]["PULUMI_CONFIG_PASSPHRASE"] == {
         "type": "Secret", "secret": {"name": "strata-pulumi-passphrase", "key": "passphrase"}}
     roles = {r.inputs["metadata"]["namespace"] for r in harness.all("kubernetes:rbac.authorization.k8s.io/v1:Role")}
@@ -194,7 +196,7 @@ def test_platform_layer_hands_each_team_its_kubeconfig_through_a_handoff_stack_o
         assert spec["envRefs"] == {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {
             "name": f"team-{team}-handoff", "key": "passphrase"}}}
         assert spec["destroyOnFinalize"] is True
-        assert spec["backend"] == "file:///state" and spec["secretsProvider"] == "passphrase"
+        assert spec["backend"] == f"file:///state/teams/{team}" and spec["secretsProvider"] == "passphrase"
         assert {secret.urn, program.urn} <= set(stack.dependencies)
         # The kubeconfig and the team passphrase reach the cluster only as secrets, in a Secret.
         data = secret_value(secret.inputs["stringData"])
@@ -242,6 +244,43 @@ def test_platform_layer_runs_a_team_dir_from_the_project_repository():
     stack = next(s for s in harness.all("kubernetes:pulumi.com/v1:Stack")
                  if s.inputs["metadata"]["namespace"] == "team-alpha")
     assert stack.inputs["spec"]["fluxSource"]["dir"] == "programs/app-team"
+
+
+def test_platform_layer_gives_each_team_a_sync_of_its_own_directory_applied_as_the_team():
+    harness = platform_harness(teams=json.dumps([{"name": "alpha"}, {"name": "beta", "namespace": "beta-apps"}]),
+                               projectRepo="http://127.0.0.1:8398/strata.git", projectBranch="main",
+                               syncPath="clusters/dev")
+    harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
+    syncs = {k.inputs["metadata"]["namespace"]: k for k in
+             harness.all("kubernetes:kustomize.toolkit.fluxcd.io/v1:Kustomization")}
+    assert set(syncs) == {"team-alpha", "beta-apps"}
+    for team, namespace in (("alpha", "team-alpha"), ("beta", "beta-apps")):
+        spec = syncs[namespace].inputs["spec"]
+        # In the team's namespace, as the team: Flux impersonates its ServiceAccount.
+        assert spec["serviceAccountName"] == f"team-{team}"
+        assert spec["path"] == f"clusters/dev/team-{team}"
+        assert spec["sourceRef"] == {"kind": "GitRepository", "name": f"team-{team}"}
+        assert spec["prune"] is True and spec["deletionPolicy"] == "WaitForTermination"
+        assert spec["postBuild"]["substitute"] == {
+            "STRATA_PROJECT_REPO": "http://127.0.0.1:8398/strata.git", "STRATA_PROJECT_BRANCH": "main",
+            "STRATA_BACKEND": f"file:///state/teams/{team}"}
+    # No app of the platform's: the teams' Stacks come through their syncs only.
+    assert {s.inputs["metadata"]["namespace"] for s in harness.all("kubernetes:pulumi.com/v1:Stack")} == {
+        "strata-system"}
+
+
+@pytest.mark.parametrize("teams, message", [
+    ([{"readNamespaces": []}], r"strata-platform:teams\[0\]: a team needs a `name`"),
+    ([{"name": "alpha"}, {"name": "beta", "namespace": "team-alpha"}],
+     r"teams\[1\] \(beta\): namespace team-alpha is already the namespace of team alpha"),
+    ([{"name": "alpha"}, {"name": "alpha"}], r"teams\[1\] \(alpha\): team 'alpha' is listed twice"),
+    ([{"name": "alpha", "namespaces": ["x"]}], r"teams\[0\] \(alpha\): unknown keys \['namespaces'\]"),
+    ([{"name": "Alpha"}], r"teams\[0\] \(Alpha\): team name 'Alpha' must be a DNS label"),
+])
+def test_platform_layer_names_a_bad_team_entry_and_the_fix(teams, message):
+    harness = platform_harness(teams=json.dumps(teams))
+    with pytest.raises(Exception, match=message):
+        harness.run_program(ROOT / "programs" / "platform" / "__main__.py")
 
 
 def test_platform_layer_refuses_a_team_dir_without_any_repository():

@@ -8,7 +8,7 @@ import yaml
 from strata_mocks import FAKE_CA, fake_token
 
 from strata_components.team import (TeamEnvironment, build_team_objects, build_team_rules, build_team_stack_spec,
-                                    build_viewer_rules, team_names)
+                                    build_team_sync, build_viewer_rules, team_names, validate_teams)
 
 READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
@@ -34,8 +34,10 @@ def test_team_rules_rule_by_rule():
         ("batch", "jobs"): WRITE, ("batch", "cronjobs"): WRITE,
         ("networking.k8s.io", "ingresses"): WRITE, ("autoscaling", "horizontalpodautoscalers"): WRITE,
         ("events.k8s.io", "events"): READ,
-        ("pulumi.com", "stacks"): READ, ("pulumi.com", "programs"): READ,
-        ("source.toolkit.fluxcd.io", "gitrepositories"): READ,
+        # The team's GitOps, applied as the team: its Stacks, Programs and sources; its own sync read-only.
+        ("pulumi.com", "stacks"): WRITE, ("pulumi.com", "programs"): WRITE,
+        ("source.toolkit.fluxcd.io", "gitrepositories"): WRITE, ("source.toolkit.fluxcd.io", "ocirepositories"): WRITE,
+        ("source.toolkit.fluxcd.io", "buckets"): WRITE, ("kustomize.toolkit.fluxcd.io", "kustomizations"): READ,
     }
 
 
@@ -122,12 +124,13 @@ def test_team_environment_graph_and_secret_kubeconfig(harness):
     assert stack.inputs["spec"]["fluxSource"]["sourceRef"]["name"] == "team-alpha"
 
 
-def test_team_stack_without_source_is_rejected(harness):
+@pytest.mark.parametrize("needs_source", [{"stack": {"stack": "s"}}, {"sync": {"path": "p"}}])
+def test_team_stack_or_sync_without_source_is_rejected(harness, needs_source):
     def program():
         provider = k8s.Provider("admin", kubeconfig="apiVersion: v1\nkind: Config\n")
-        TeamEnvironment("a", {"provider": provider, "team": "a", "server": "https://x", "stack": {"stack": "s"}})
+        TeamEnvironment("a", {"provider": provider, "team": "a", "server": "https://x", **needs_source})
 
-    with pytest.raises(ValueError, match="add `source`"):
+    with pytest.raises(ValueError, match=f"`{next(iter(needs_source))}` reads the team's `source`; add `source`"):
         harness.run(program)
 
 
@@ -136,3 +139,28 @@ def test_team_stack_spec_runs_as_the_team():
                                                        "extra": {"refresh": True}})
     assert spec["service_account_name"] == "team-beta" and spec["refresh"] is True
     assert spec["config"] == {"app:replicas": "2"}
+
+
+def test_a_teams_sync_applies_its_directory_as_the_team_in_its_namespace():
+    sync = build_team_sync("alpha", "team-alpha", "team-alpha", {"path": "clusters/dev/team-alpha",
+                                                                 "substitute": {"STRATA_BACKEND": "file:///s/teams/alpha"}})
+    assert sync["apiVersion"] == "kustomize.toolkit.fluxcd.io/v1" and sync["kind"] == "Kustomization"
+    assert sync["metadata"]["namespace"] == "team-alpha"
+    spec = sync["spec"]
+    assert spec["serviceAccountName"] == "team-alpha" and spec["path"] == "clusters/dev/team-alpha"
+    assert spec["sourceRef"] == {"kind": "GitRepository", "name": "team-alpha"}
+    assert spec["postBuild"] == {"substitute": {"STRATA_BACKEND": "file:///s/teams/alpha"}}
+    assert "postBuild" not in build_team_sync("b", "team-b", "team-b", {"path": "x"})["spec"]
+
+
+def test_a_teams_sync_path_must_be_in_the_repository_flux_syncs(tmp_path):
+    (tmp_path / "clusters" / "dev" / "team-alpha").mkdir(parents=True)
+    validate_teams([{"name": "alpha"}], "strata:teams", str(tmp_path), "clusters/dev")
+    with pytest.raises(ValueError, match=r"strata:teams\[1\] \(gamma\): its sync applies clusters/dev/team-gamma "
+                                         r"of this project's repository, which does not exist"):
+        validate_teams([{"name": "alpha"}, {"name": "gamma"}], "strata:teams", str(tmp_path), "clusters/dev")
+    # A team of its own repository, or one with a `path` that exists, is fine.
+    validate_teams([{"name": "gamma", "repo": "https://git/gamma.git"}, {"name": "delta", "path": "clusters/dev"}],
+                   "strata:teams", str(tmp_path), "clusters/dev")
+    with pytest.raises(ValueError, match="must be a list"):
+        validate_teams({"name": "alpha"}, "strata:teams")

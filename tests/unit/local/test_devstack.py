@@ -114,7 +114,8 @@ def test_the_repositorys_dev_stack_expects_every_layer_and_alphas_app_through_fl
     root = Path(devstack.__file__).resolve().parents[2]
     config = yaml.safe_load((root / "Pulumi.dev.yaml").read_text())
     assert devstack.expected_objects(config, root) == [
-        "strata-system/strata-platform", "strata-system/team-alpha-handoff", "strata-system/team-beta-handoff",
+        "strata-system/strata-platform", "strata-system/team-alpha-handoff", "kustomization team-alpha/team-alpha",
+        "strata-system/team-beta-handoff", "kustomization team-beta/team-beta",
         "kustomization flux-system/flux-system", "team-alpha/app"]
 
 
