@@ -1,0 +1,228 @@
+"""Teams own their GitOps, and a team can reach nothing of another's: tried as an attacker would, with
+commits under team alpha's directory, against the real (locked-down) Flux controllers and the real
+operator. Each team's sync is the Kustomization the platform layer renders (TeamEnvironment's
+`build_team_sync`), applied as the team's ServiceAccount (`build_team_objects`)."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from strata_components.local import processes
+from strata_components.team import build_team_source, build_team_sync
+
+from .conftest import (GROUP, PASSPHRASE, VERSION, Stacks, condition, has_condition, stash_program, team_identity,
+                       unique)
+
+KUSTOMIZE = ("kustomize.toolkit.fluxcd.io", "v1", "kustomizations")
+FLUX_SOURCE = ("source.toolkit.fluxcd.io", "v1", "gitrepositories")
+
+
+def push(url: str, files: dict[str, str | None], message: str) -> str:
+    """Clone, write (None: delete) and push, as a team member would; returns the pushed commit."""
+    git = ["git", "-c", "user.name=alpha", "-c", "user.email=alpha@localhost"]
+    with tempfile.TemporaryDirectory() as scratch:
+        clone = Path(scratch) / "clone"
+        subprocess.run([*git, "clone", "-q", url, str(clone)], check=True)
+        for path, text in files.items():
+            target = clone / path
+            if text is None:
+                target.unlink()
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+        subprocess.run([*git, "add", "-A"], cwd=clone, check=True)
+        subprocess.run([*git, "commit", "-qm", message], cwd=clone, check=True)
+        subprocess.run([*git, "push", "-q", "origin", "main"], cwd=clone, check=True)
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+
+def listing(*names: str) -> str:
+    return yaml.safe_dump({"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                           "resources": list(names)})
+
+
+def stack(namespace: str, name: str, backend: str, **spec: Any) -> str:
+    return yaml.safe_dump({"apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack",
+                           "metadata": {"name": name, "namespace": namespace},
+                           "spec": {"stack": name, "backend": backend, "destroyOnFinalize": True,
+                                    "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {
+                                        "type": "Secret", "secret": {"name": "pulumi", "key": "passphrase"}}},
+                                    **spec}})
+
+
+def app(namespace: str, backend: str, greeting: str) -> dict[str, str]:
+    """Alpha's legitimate app: a Program and its Stack, in alpha's directory."""
+    program = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Program",
+               "metadata": {"name": "app", "namespace": namespace,
+                            "annotations": {"kustomize.toolkit.fluxcd.io/substitute": "disabled"}},
+               "program": stash_program(greeting=greeting)}
+    return {"teams/alpha/program.yaml": yaml.safe_dump(program),
+            "teams/alpha/app.yaml": stack(namespace, "app", backend, programRef={"name": "app"})}
+
+
+class Team:
+    """One team's namespace, identity and sync, as the platform layer makes them."""
+
+    def __init__(self, kube_client, platform, operator, namespace: str, team: str, url: str, backend: str):
+        self.custom, self.core = client.CustomObjectsApi(kube_client), client.CoreV1Api(kube_client)
+        self.namespace, self.name = namespace, team
+        self.stacks = Stacks(kube_client, namespace, backend, operator)
+        service_account = team_identity(platform, namespace, team)
+        self.core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"},
+                                                       "stringData": {"passphrase": PASSPHRASE}})
+        source = build_team_source(team, namespace, {"url": url, "interval": "10m"})
+        sync = build_team_sync(team, namespace, service_account,
+                               {"path": f"teams/{team}", "timeout": "1m", "substitute": {"STRATA_BACKEND": backend}})
+        self.custom.create_namespaced_custom_object(*FLUX_SOURCE[:2], namespace, FLUX_SOURCE[2], source)
+        self.custom.create_namespaced_custom_object(*KUSTOMIZE[:2], namespace, KUSTOMIZE[2], sync)
+
+    def sync(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(*KUSTOMIZE[:2], self.namespace, KUSTOMIZE[2],
+                                                        f"team-{self.name}")
+
+    def wait_sync(self, predicate, what: str, timeout: float = 90) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+
+        def check():
+            last["obj"] = self.sync()
+            return last["obj"] if predicate(last["obj"]) else None
+
+        try:
+            return processes.wait_until(check, timeout, f"team {self.name}'s sync: {what}", interval=0.2)
+        except processes.ProcessError as error:
+            raise AssertionError(f"{error}; last status: {(last.get('obj') or {}).get('status')}") from None
+
+    def wait_applied(self, commit: str) -> dict[str, Any]:
+        return self.wait_sync(lambda o: has_condition(o, "Ready") and
+                              (o.get("status") or {}).get("lastAppliedRevision", "").endswith(commit),
+                              f"Ready at {commit[:8]}")
+
+    def wait_refused(self, commit: str, *words: str) -> str:
+        def refused(obj):
+            ready = next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == "Ready"), {})
+            return (ready.get("status") == "False" and (obj.get("status") or {}).get("lastAttemptedRevision", "")
+                    .endswith(commit) and all(word in ready.get("message", "") for word in words))
+        obj = self.wait_sync(refused, f"refused at {commit[:8]} ({', '.join(words)})")
+        return next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")["message"]
+
+
+@pytest.fixture
+def teams(kube_client, local_platform, operator, namespace, tmp_path):
+    """Alpha in this test's namespace and beta in one of its own, both synced from one repository."""
+    core = client.CoreV1Api(kube_client)
+    beta_namespace = unique("beta")
+    core.create_namespace({"metadata": {"name": beta_namespace}})
+    backends = {team: (tmp_path / "state" / "teams" / team) for team in ("alpha", "beta")}
+    for path in backends.values():
+        path.mkdir(parents=True)
+    url = local_platform.git.create(unique("tenants"), {
+        "teams/alpha/kustomization.yaml": listing(), "teams/beta/kustomization.yaml": listing()})
+    alpha = Team(kube_client, local_platform, operator, namespace, "alpha", url, backends["alpha"].as_uri())
+    beta = Team(kube_client, local_platform, operator, beta_namespace, "beta", url, backends["beta"].as_uri())
+    # What an attacker would be after: beta's passphrase.
+    core.create_namespaced_secret(beta_namespace, {"metadata": {"name": "strata-pulumi-passphrase"},
+                                                   "stringData": {"passphrase": "beta-only-3f9a1c"}})
+    try:
+        yield alpha, beta, url, backends
+    finally:
+        core.delete_namespace(beta_namespace)
+
+
+def test_a_team_commit_reaches_only_what_the_team_may_touch(teams, operator):
+    alpha, beta, url, backends = teams
+    backend = backends["alpha"].as_uri()
+    legit = app(alpha.namespace, backend, "v1")
+    commit = push(url, {**legit, "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml")}, "alpha's app")
+    alpha.wait_applied(commit)
+    assert (alpha.stacks.get("app")["status"].get("outputs") or {}) == {"greeting": "v1"}
+    beta.wait_applied(commit)
+
+    # 1. A Stack in beta's namespace: refused by the API server, as alpha's ServiceAccount.
+    intruder = stack(beta.namespace, "intruder", backends["beta"].as_uri(), programRef={"name": "app"})
+    commit = push(url, {"teams/alpha/intruder.yaml": intruder,
+                        "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml", "intruder.yaml")},
+                  "a Stack in beta's namespace")
+    message = alpha.wait_refused(commit, "forbidden", f"system:serviceaccount:{alpha.namespace}:team-alpha")
+    assert beta.namespace in message
+    assert beta.stacks.get("intruder") is None
+    assert has_condition(alpha.stacks.get("app"), "Ready")  # what alpha had keeps running
+
+    # 2. A ClusterRoleBinding making alpha cluster-admin: refused, nothing bound.
+    binding = yaml.safe_dump({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"{alpha.namespace}-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "team-alpha", "namespace": alpha.namespace}]})
+    commit = push(url, {"teams/alpha/intruder.yaml": None, "teams/alpha/admin.yaml": binding,
+                        "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml", "admin.yaml")},
+                  "a ClusterRoleBinding")
+    alpha.wait_refused(commit, "forbidden", "clusterrolebindings")
+    with pytest.raises(client.ApiException) as missing:
+        client.RbacAuthorizationV1Api(alpha.custom.api_client).read_cluster_role_binding(f"{alpha.namespace}-admin")
+    assert missing.value.status == 404
+
+    # 3. A Stack reading the operator's files through an FS ref (PKO v1's meaning), and 4. one reading
+    # beta's passphrase through a Secret ref into beta's namespace: each stalls, naming the field.
+    reader = stack(alpha.namespace, "reader", backend, programRef={"name": "app"},
+                   secretsRef={"app:root": {"type": "FS", "filesystem": {"path": "/"}}})
+    thief = stack(alpha.namespace, "thief", backend, programRef={"name": "app"},
+                  envRefs={"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {
+                      "name": "strata-pulumi-passphrase", "key": "passphrase", "namespace": beta.namespace}}})
+    commit = push(url, {"teams/alpha/admin.yaml": None, "teams/alpha/reader.yaml": reader,
+                        "teams/alpha/thief.yaml": thief,
+                        "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml", "reader.yaml",
+                                                                  "thief.yaml")},
+                  "Stacks reading what is not alpha's")
+    stalled = condition(alpha.stacks.wait_stalled("reader", "SpecInvalid"), "Stalled")["message"]
+    assert "spec.secretsRef.app:root.type" in stalled and "--operator-refs" in stalled
+    stalled = condition(alpha.stacks.wait_stalled("thief", "CrossNamespaceRefForbidden"), "Stalled")["message"]
+    assert "spec.envRefs.PULUMI_CONFIG_PASSPHRASE.secret.namespace" in stalled
+    for name in ("reader", "thief"):
+        assert not (alpha.stacks.get(name)["status"].get("lastUpdate")), f"{name} ran an update"
+    # Flux says why alpha's sync is not healthy: the Stacks it applied are stalled.
+    alpha.wait_refused(commit, "reader")
+    assert "beta-only-3f9a1c" not in operator.log_text()
+    assert not list(backends["beta"].iterdir()), "something wrote into beta's state"
+
+    # Alpha's legitimate app keeps deploying once the attempts are gone.
+    commit = push(url, {"teams/alpha/reader.yaml": None, "teams/alpha/thief.yaml": None,
+                        **app(alpha.namespace, backend, "v2"),
+                        "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml")}, "alpha's app v2")
+    alpha.wait_applied(commit)
+    assert alpha.stacks.get("app")["status"]["outputs"] == {"greeting": "v2"}
+
+
+def test_ready_means_the_newest_commit_ran(teams):
+    """Waiting only on the team's Kustomization, as `flux get kustomizations` and `make up` do: once it is
+    Ready at a commit, its Stack has run that commit (the Stack says Reconciling as soon as its source
+    has a revision it has not run, so kstatus never reads the previous run's Ready as current)."""
+    alpha, _, url, backends = teams
+    backend = backends["alpha"].as_uri()
+    project = yaml.safe_dump({"name": "fleet", "runtime": "yaml", **stash_program(round="0")}, sort_keys=False)
+    synced = stack(alpha.namespace, "fleet", backend, fluxSource={
+        "sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "team-alpha"},
+        "dir": "programs/fleet"})
+    commit = push(url, {"programs/fleet/Pulumi.yaml": project, "teams/alpha/fleet.yaml": synced,
+                        "teams/alpha/kustomization.yaml": listing("fleet.yaml")}, "fleet")
+    alpha.wait_applied(commit)
+    for round_ in range(1, 6):
+        project = yaml.safe_dump({"name": "fleet", "runtime": "yaml", **stash_program(round=str(round_))},
+                                 sort_keys=False)
+        pushed = time.monotonic()
+        commit = push(url, {"programs/fleet/Pulumi.yaml": project}, f"round {round_}")
+        alpha.wait_applied(commit)
+        fleet = alpha.stacks.get("fleet")
+        assert fleet["status"]["lastUpdate"]["lastSuccessfulCommit"].endswith(commit), (
+            f"round {round_}: the Kustomization was Ready at {commit[:8]} before its Stack ran it: {fleet['status']}")
+        assert fleet["status"]["outputs"] == {"round": str(round_)}
+        print(f"round {round_}: push -> Kustomization Ready with the Stack at the commit: "
+              f"{time.monotonic() - pushed:.1f}s")
