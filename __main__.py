@@ -22,7 +22,7 @@ from strata_components.local.preflight import operator_engine_flags
 from strata_components.operator import Operator
 from strata_components.project_repo import ProjectRepo
 from strata_components.stack import Stack
-from strata_components.team import validate_teams
+from strata_components.team_entries import validate_teams
 
 config = pulumi.Config()
 platform_settings = config.get_object("platform")

@@ -47,7 +47,8 @@ from strata_components.flux import build_sync_manifests
 from strata_components.local import processes
 from strata_components.local.gitserver import GitRepos
 from strata_components.local.kube import server_side_apply
-from strata_components.team import build_team_objects, team_names
+from strata_components.team import build_team_objects
+from strata_components.team_entries import team_names
 
 RESOURCES = {
     "GitRepository": ("source.toolkit.fluxcd.io", "v1", "gitrepositories"),

@@ -4,13 +4,11 @@ The team's ServiceAccount may manage the usual workload objects, its Stacks, Pro
 in its own namespace and only read the rest of what it needs (pods, events, its sync); it gets read-only
 access to other namespaces only when they are listed in `read_namespaces`, and never to their Secrets.
 With `sync`, Flux applies the team's directory of git as that ServiceAccount: the team's GitOps can
-reach nothing the team could not. Its
-kubeconfig carries the token of a `kubernetes.io/service-account-token` Secret, which the token
-controller fills (pulumi-kubernetes waits for that) and revokes when the Secret is deleted.
+reach nothing the team could not. Its kubeconfig carries the token of a
+`kubernetes.io/service-account-token` Secret, which the token controller fills (pulumi-kubernetes
+waits for that) and revokes when the Secret is deleted.
 """
 
-import re
-from pathlib import Path
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -20,13 +18,14 @@ from typing_extensions import NotRequired
 
 from .kube_objects import build_token_secret, create_object, object_key, token_from_secret_data
 from .kubeconfig import build_token_kubeconfig
+from .layers import PASSPHRASE_SECRET
 from .stack import Stack, StackSpec
+from .team_entries import team_names
 
 READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
 FLUX_SOURCE_API = "source.toolkit.fluxcd.io/v1"
 FLUX_KUSTOMIZE_API = "kustomize.toolkit.fluxcd.io/v1"
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class TeamSourceArgs(TypedDict):
@@ -86,6 +85,10 @@ class TeamEnvironmentArgs(TypedDict):
     """The team's own GitOps: a Flux Kustomization in the team's namespace applying `sync.path` of
     `source` as the team's ServiceAccount (impersonated), so a commit there reaches only what the team
     may touch (needs `source`)."""
+    passphrase: NotRequired[pulumi.Input[str]]
+    """The team's state passphrase, as the Secret `strata-pulumi-passphrase` in its namespace, which its
+    Stacks decrypt their state with (secret). Its sync and Stack come down before it, so their destroys
+    still have it."""
 
 
 def build_team_rules() -> list[dict[str, Any]]:
@@ -115,54 +118,6 @@ def build_viewer_rules() -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["configmaps", "services", "pods", "events", "endpoints"], "verbs": READ},
         {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets", "replicasets"], "verbs": READ},
     ]
-
-
-def team_names(team: str, namespace: str | None = None) -> dict[str, str]:
-    """Object names of a team environment."""
-    if not DNS_LABEL.match(team) or len(team) > 50:
-        raise ValueError(f"team name {team!r} must be a DNS label of at most 50 characters (a-z, 0-9, -)")
-    return {"namespace": namespace or f"team-{team}", "service_account": f"team-{team}",
-            "token_secret": f"team-{team}-token", "role": f"team-{team}", "viewer_role": f"team-{team}-viewer"}
-
-
-TEAM_KEYS = {"name", "namespace", "readNamespaces", "repo", "branch", "dir", "stack", "path"}
-
-
-def validate_teams(teams: Any, field: str, project_dir: str | None = None,
-                   sync_path: str | None = None) -> None:
-    """The teams of a stack's config (`field`, e.g. strata:teams), each a clear ValueError naming the entry
-    and the fix: a team needs a name that is a DNS label, names and namespaces are each one team's, no
-    unknown keys; with `project_dir` (this project, as published for Flux), the directory each team's
-    sync applies must exist in it (`path`, else `<sync_path>/team-<name>`)."""
-    if not isinstance(teams, list):
-        raise ValueError(f"{field} must be a list of teams such as [{{name: alpha}}]")
-    names: dict[str, str] = {}
-    namespaces: dict[str, str] = {}
-    for index, team in enumerate(teams):
-        where = f"{field}[{index}]"
-        if not isinstance(team, dict) or not team.get("name"):
-            raise ValueError(f"{where}: a team needs a `name` (a DNS label, e.g. gamma)")
-        name = str(team["name"])
-        where = f"{where} ({name})"
-        unknown = sorted(set(team) - TEAM_KEYS)
-        if unknown:
-            raise ValueError(f"{where}: unknown keys {unknown}; a team takes {sorted(TEAM_KEYS)}")
-        try:
-            namespace = team_names(name, team.get("namespace"))["namespace"]
-        except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
-        if name in names:
-            raise ValueError(f"{where}: team {name!r} is listed twice; list each team once")
-        if namespace in namespaces:
-            raise ValueError(f"{where}: namespace {namespace} is already the namespace of team "
-                             f"{namespaces[namespace]}; give each team a namespace of its own (a team can reach "
-                             "everything in its namespace)")
-        names[name], namespaces[namespace] = name, name
-        path = team.get("path") or (f"{sync_path}/team-{name}" if sync_path and "repo" not in team else None)
-        if project_dir and path and "repo" not in team and not (Path(project_dir) / path).is_dir():
-            raise ValueError(f"{where}: its sync applies {path} of this project's repository, which does not exist; "
-                             f"commit that directory (a kustomization.yaml listing the team's Stacks, or none yet) "
-                             f"or set the team's `path`")
 
 
 def build_team_objects(team: str, namespace: str | None = None,
@@ -269,6 +224,11 @@ class TeamEnvironment(pulumi.ComponentResource):
                 pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=after)))
         token_secret = created[f"secret-{names['namespace']}-{names['token_secret']}"]
         namespace_resource = created[f"namespace-{names['namespace']}"]
+        if "passphrase" in args:
+            created["passphrase"] = k8s.core.v1.Secret(
+                f"{name}-passphrase", metadata={"name": PASSPHRASE_SECRET, "namespace": names["namespace"]},
+                string_data={"passphrase": args["passphrase"]},
+                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace_resource])))
 
         self.token = pulumi.Output.secret(token_secret.data.apply(token_from_secret_data))
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(args["server"], token_secret.data, self.token).apply(

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 from strata_operator.api.status import RECONCILING_RETRY
 
+from ..team_entries import team_names, team_sync_path
 from . import stackwatch
 from .operator_host import OPERATOR_NAMESPACE
 from .platform import LocalPlatform, PlatformConfig
@@ -193,11 +194,11 @@ def expected_objects(stack_config: dict[str, Any], project: Path) -> list[str]:
         namespace = (config.get("strata:operator") or {}).get("namespace", OPERATOR_NAMESPACE)
         keys.append(f"{namespace}/strata-platform")
         for team in config.get("strata:teams") or []:
-            team_namespace = team.get("namespace") or f"team-{team['name']}"  # team.team_names, without pulumi
+            team_namespace = team_names(team["name"], team.get("namespace"))["namespace"]
             keys.append(f"{namespace}/team-{team['name']}-handoff")
             if "dir" in team or "repo" in team:
                 keys.append(f"{team_namespace}/team-{team['name']}")
-            if team.get("path") or (sync is not None and "repo" not in team):
+            if team_sync_path(team, (sync or {}).get("path")):
                 keys.append(f"kustomization {team_namespace}/team-{team['name']}")
     if sync is not None:
         namespace = flux.get("namespace", "flux-system")

@@ -28,7 +28,8 @@ from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handof
 from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, ClusterAccess, handoff_stack,
                                      read_cluster_access, team_backend, team_passphrase)
 from strata_components.stack import Program
-from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, team_names, validate_teams
+from strata_components.team import TeamEnvironment, TeamEnvironmentArgs
+from strata_components.team_entries import team_names, team_sync_path, validate_teams
 
 
 def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], backend: str | None,
@@ -47,7 +48,7 @@ def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], bac
     source = (team["repo"], team.get("branch", "main")) if "repo" in team else project_repo
     state = team_backend(backend, name) if backend else None
     runs_app = "repo" in team or "dir" in team
-    path = team.get("path") or (f"{sync_path}/team-{name}" if sync_path and "repo" not in team else None)
+    path = team_sync_path(team, sync_path)
     if source is not None and (runs_app or path):
         args["source"] = {"url": source[0], "branch": source[1]}
     if runs_app:
@@ -120,10 +121,11 @@ def main() -> None:
                           pulumi.ResourceOptions(provider=provider))
     for team in settings.teams:
         name = team["name"]
-        environment_args = team_args(team, provider, server, backend, project_repo, settings.sync_path)
-        environment = TeamEnvironment(name, environment_args)
-        environments[name] = environment
         passphrases[name] = team_passphrase(settings.shared_passphrase, name)
+        # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
+        environment = TeamEnvironment(name, {**team_args(team, provider, server, backend, project_repo,
+                                                         settings.sync_path), "passphrase": passphrases[name]})
+        environments[name] = environment
         handoff_args: TeamHandoffArgs = {
             "provider": provider, "team": name, "namespace": settings.namespace,
             "team_namespace": team_names(name, team.get("namespace"))["namespace"],
@@ -133,11 +135,6 @@ def main() -> None:
             handoff_args["backend"] = team_backend(backend, name)
         handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args,
                                      pulumi.ResourceOptions(depends_on=[environment]))
-        # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
-        k8s.core.v1.Secret(f"{name}-passphrase",
-                           metadata={"name": PASSPHRASE_SECRET, "namespace": environment.namespace},
-                           string_data={"passphrase": passphrases[name]},
-                           opts=pulumi.ResourceOptions(provider=provider, parent=environment))
 
     pulumi.export("teamKubeconfigs", pulumi.Output.secret({name: env.kubeconfig for name, env in environments.items()}))
     pulumi.export("teamTokens", pulumi.Output.secret({name: env.token for name, env in environments.items()}))

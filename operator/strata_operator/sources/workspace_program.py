@@ -3,7 +3,7 @@ from Secrets and ConfigMaps as a pod would get it, its stacks' config, its git c
 fetched into a workdir (git, a Flux artifact URL, or a host directory).
 
 `local.dir` (a directory in PKO's workspace image) is read from the operator's host only where operator
-refs are allowed (as FS refs are: `--no-operator-refs` forbids both), and is copied, never run in place.
+refs are allowed (`--operator-refs`, as for FS refs; off by default), and is copied, never run in place.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ def materialise(spec: WorkspaceSpec, dest: Path, creds: GitCredentials | None,
         return subdir(dest, source.dir.lstrip("/"), "spec.flux.dir"), source.digest
     if not allow_host_dirs:
         raise SourceError(f"spec.local.dir: {source.dir!r} would be read from the operator's own files, which "
-                          "--no-operator-refs forbids here (fix: use spec.git or spec.flux)")
+                          "this operator does not allow (fix: use spec.git or spec.flux, or start the operator "
+                          "with --operator-refs)")
     if not os.path.isfile(os.path.join(source.dir, "Pulumi.yaml")) and \
             not os.path.isfile(os.path.join(source.dir, "Pulumi.yml")):
         raise SourceError(f"spec.local.dir: {source.dir!r} holds no Pulumi project on the operator's host (PKO reads "

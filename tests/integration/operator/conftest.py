@@ -200,7 +200,8 @@ def team_identity(platform: Any, namespace: str, team: str) -> str:
     """A team's ServiceAccount and Role in `namespace`, exactly as the TeamEnvironment component renders
     them, server-side applied; returns the ServiceAccount's name (what a team's sync runs as)."""
     from strata_components.local.kube import server_side_apply
-    from strata_components.team import build_team_objects, team_names
+    from strata_components.team import build_team_objects
+    from strata_components.team_entries import team_names
 
     server_side_apply(platform.kubeconfig_path, [obj for obj in build_team_objects(team, namespace)
                                                  if obj["kind"] != "Namespace"])

@@ -201,19 +201,33 @@ def test_a_team_commit_reaches_only_what_the_team_may_touch(teams, operator):
     assert alpha.stacks.get("app")["status"]["outputs"] == {"greeting": "v2"}
 
 
-def test_ready_means_the_newest_commit_ran(teams):
+def test_ready_means_the_newest_commit_ran(teams, operator):
     """Waiting only on the team's Kustomization, as `flux get kustomizations` and `make up` do: once it is
-    Ready at a commit, its Stack has run that commit (the Stack says Reconciling as soon as its source
-    has a revision it has not run, so kstatus never reads the previous run's Ready as current)."""
+    Ready at a commit, its Stack has run that commit. A Stack the operator has not seen yet reads as in
+    progress (its CRD defaults status.observedGeneration to -1), and a Ready Stack says Reconciling as soon
+    as its source has a revision it has not run, so kstatus never reads the previous run's Ready as current."""
     alpha, _, url, backends = teams
     backend = backends["alpha"].as_uri()
     project = yaml.safe_dump({"name": "fleet", "runtime": "yaml", **stash_program(round="0")}, sort_keys=False)
     synced = stack(alpha.namespace, "fleet", backend, fluxSource={
         "sourceRef": {"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository", "name": "team-alpha"},
         "dir": "programs/fleet"})
-    commit = push(url, {"programs/fleet/Pulumi.yaml": project, "teams/alpha/fleet.yaml": synced,
-                        "teams/alpha/kustomization.yaml": listing("fleet.yaml")}, "fleet")
+    # With no operator running, the new Stack is applied and never reads as healthy.
+    operator.stop()
+    try:
+        commit = push(url, {"programs/fleet/Pulumi.yaml": project, "teams/alpha/fleet.yaml": synced,
+                            "teams/alpha/kustomization.yaml": listing("fleet.yaml")}, "fleet")
+        alpha.wait_sync(lambda o: (o.get("status") or {}).get("lastAttemptedRevision", "").endswith(commit) and
+                        alpha.stacks.get("fleet") is not None, "the new Stack applied")
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            assert not alpha.sync()["status"].get("lastAppliedRevision", "").endswith(commit) or not has_condition(
+                alpha.sync(), "Ready"), "the sync was Ready before any operator had seen its Stack"
+            time.sleep(0.5)
+    finally:
+        operator.start()
     alpha.wait_applied(commit)
+    assert alpha.stacks.get("fleet")["status"]["outputs"] == {"round": "0"}
     for round_ in range(1, 6):
         project = yaml.safe_dump({"name": "fleet", "runtime": "yaml", **stash_program(round=str(round_))},
                                  sort_keys=False)

@@ -8,7 +8,8 @@ import yaml
 from strata_mocks import FAKE_CA, fake_token
 
 from strata_components.team import (TeamEnvironment, build_team_objects, build_team_rules, build_team_stack_spec,
-                                    build_team_sync, build_viewer_rules, team_names, validate_teams)
+                                    build_team_sync, build_viewer_rules)
+from strata_components.team_entries import team_names, validate_teams
 
 READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
