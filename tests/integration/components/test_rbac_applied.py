@@ -95,8 +95,11 @@ def test_a_team_deploys_in_its_own_namespace(applied):
     assert can(kubeconfig, "create", "jobs", own, group="batch")
     assert can(kubeconfig, "list", "pods", own)
     assert can(kubeconfig, "get", "pods", own, subresource="log")
-    assert can(kubeconfig, "get", "stacks", own, group="pulumi.com")
-    assert can(kubeconfig, "list", "gitrepositories", own, group="source.toolkit.fluxcd.io")
+    # Its GitOps, applied as the team: its Stacks, Programs and the Flux sources they name.
+    assert can(kubeconfig, "update", "stacks", own, group="pulumi.com")
+    assert can(kubeconfig, "create", "programs", own, group="pulumi.com")
+    assert can(kubeconfig, "create", "gitrepositories", own, group="source.toolkit.fluxcd.io")
+    assert can(kubeconfig, "get", "kustomizations", own, group="kustomize.toolkit.fluxcd.io")
 
 
 def test_a_team_cannot_escalate_or_change_its_own_guard_rails(applied):
@@ -108,7 +111,8 @@ def test_a_team_cannot_escalate_or_change_its_own_guard_rails(applied):
     assert not can(kubeconfig, "update", "resourcequotas", own)
     assert not can(kubeconfig, "delete", "namespaces", name=own)
     assert not can(kubeconfig, "create", "pods", own, subresource="exec")
-    assert not can(kubeconfig, "update", "stacks", own, group="pulumi.com")  # the platform owns its Stack
+    # The platform owns the team's sync: the team reads it, never rewrites what it applies as or where from.
+    assert not can(kubeconfig, "update", "kustomizations", own, group="kustomize.toolkit.fluxcd.io")
     assert not can(kubeconfig, "create", "serviceaccounts", own, subresource="token")
 
 
@@ -119,7 +123,9 @@ def test_a_team_cannot_touch_another_team(applied):
         assert not can(kubeconfig, "list", "secrets", other)
         assert not can(kubeconfig, "list", "pods", other)
         assert not can(kubeconfig, "create", "deployments", other, group="apps")
+        assert not can(kubeconfig, "create", "stacks", other, group="pulumi.com")
     assert not can(applied["alpha_kubeconfig"], "list", "secrets")  # cluster-wide
+    assert not can(applied["alpha_kubeconfig"], "list", "stacks", group="pulumi.com")
 
 
 def test_a_granted_read_namespace_is_viewable_without_secrets_or_writes(applied):
