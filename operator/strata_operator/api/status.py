@@ -46,7 +46,7 @@ STALLED_OUTPUTS_SECRET = "OutputsSecretUnwritable"
 # lastUpdate.reason of an update that succeeded but whose outputs could not be written to spec.outputsSecret:
 # retried with backoff like any failure.
 OUTPUTS_SECRET_FAILED = "OutputsSecretFailed"
-# The program's dependencies (requirements.txt) do not install: PKO's workspace that fails to install.
+# The program's dependencies do not install: PKO's workspace that fails to install.
 WORKSPACE_FAILED = "WorkspaceFailed"
 # On deletion the namespace is terminating and what the destroy needs is gone with it (PKO v2).
 STALLED_NAMESPACE_TERMINATING = "NamespaceTerminating"

@@ -7,6 +7,9 @@ StackReference hand-off: each layer reads the previous one's outputs through a m
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -353,3 +356,16 @@ def test_example_program_uses_the_library_from_outside(tmp_path):
     ref = stack.inputs["spec"]["envRefs"]["PULUMI_CONFIG_PASSPHRASE"]
     assert ref == {"type": "Secret", "secret": {"name": "hello-passphrase", "key": "passphrase"}}
     assert "sandbox-pp" not in json.dumps(stack.inputs)
+
+
+@pytest.mark.parametrize("layer", ["platform", "app-team"])
+def test_each_layers_lock_file_is_current_with_its_own_and_the_projects_dependencies(layer, tmp_path):
+    """The layers ask for uv (`uv sync --locked` fails on a stale lock): a change to their pyproject.toml or
+    to this project's dependencies needs `uv lock` beside it. Checked offline: a current lock needs no index."""
+    from uv import find_uv_bin
+
+    project = ROOT / "programs" / layer
+    assert yaml.safe_load((project / "Pulumi.yaml").read_text())["runtime"]["options"] == {"toolchain": "uv"}
+    check = subprocess.run([find_uv_bin(), "lock", "--check", "--offline", "--python", sys.executable], cwd=project,
+                           capture_output=True, text=True, env={**os.environ, "UV_CACHE_DIR": str(tmp_path)})
+    assert check.returncode == 0, f"run `uv lock` in programs/{layer}: {check.stderr[-800:]}"

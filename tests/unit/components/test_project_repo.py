@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_the_default_include_holds_what_programs_platform_installs():
     files = collect_files(ROOT, DEFAULT_INCLUDE)
-    assert {"pyproject.toml", "programs/platform/__main__.py", "programs/platform/requirements.txt",
+    assert {"pyproject.toml", "programs/platform/__main__.py", "programs/platform/uv.lock",
             "components/team.py", "operator/strata_operator/__init__.py"} <= set(files)
     assert not [path for path in files if "__pycache__" in path or path.endswith(".pyc")]
 

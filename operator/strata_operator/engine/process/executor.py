@@ -214,6 +214,8 @@ class AutomationEngine(SerializedEngine):
         payload["worker_env"] = self.worker_env(request)
         payload["plugin_cache"] = str(self.settings.plugin_cache)
         payload["plugin_dirs"] = list(self.settings.plugin_dirs)
+        # uv's cache, one for every Stack's environments; the programs themselves are never given its path.
+        payload["python_cache"] = str(self.settings.state_dir / "uv-cache")
         try:
             stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
                                             timeout=self.settings.timeout_seconds)

@@ -1,18 +1,32 @@
-"""Python programs' dependencies: one virtualenv per Stack, keyed by the hash of its requirements.
+"""Python programs' dependencies: one virtualenv per Stack, keyed by the hash of what declares them.
 
 PKO v2 runs `pulumi install` in a fresh workspace pod for every update. Here updates share the
-host, so a Stack keeps its installed environment and rebuilds it only when requirements.txt, a
-local directory it installs (e.g. `../..`, a library beside the program in the same repository) or
-the interpreter changes: an unchanged program costs no install at all. The project's Pulumi.yaml
-(in the operator's own copy of the source) is pointed at that virtualenv.
+host, so a Stack keeps its installed environment and rebuilds it only when its declared dependencies
+(requirements.txt, or pyproject.toml and uv.lock), a local directory they install (e.g. `../..`, a
+library beside the program in the same repository) or the interpreter change: an unchanged program
+costs no install at all. The project's Pulumi.yaml (in the operator's own copy of the source) is
+pointed at that virtualenv.
+
+The environments are built with uv, the toolchain Pulumi's Python host knows (`runtime.options.toolchain:
+uv`), from the `uv` package the operator depends on: a project that asks for uv is synced from its lock
+file (`uv sync --locked`), and a requirements.txt is installed by `uv pip install` unless the project asks
+for pip. Every Stack of an operator shares one uv cache, so a package is downloaded and built once and
+a repeated install is a copy (233 MB for the platform layer in 1.1 s, measured). The files are copied,
+not hard-linked as uv would by default: a program that rewrote a file of its own environment would
+otherwise rewrite the cache every other Stack installs from. uv locks the cache against concurrent
+builds, and programs are never given its path. Where no uv is found (a workspace image that is not the
+operator's) requirements.txt falls back to pip.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
+import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -20,11 +34,15 @@ import yaml
 
 PROJECT_FILES = ("Pulumi.yaml", "Pulumi.yml")
 SKIPPED_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".pytest_cache", "build", "dist"}
+# How this host reaches a package index, as pip reads it, for uv (which reads only its own names).
+UV_FROM_PIP = {"PIP_INDEX_URL": "UV_DEFAULT_INDEX", "PIP_EXTRA_INDEX_URL": "UV_INDEX",
+               "PIP_FIND_LINKS": "UV_FIND_LINKS", "PIP_NO_INDEX": "UV_NO_INDEX",
+               "PIP_TRUSTED_HOST": "UV_INSECURE_HOST"}
 
 
 class PythonEnvError(Exception):
-    """Installing the program's requirements failed; the message carries pip's last lines, `output` all
-    of them (a plugin install that failed inside a package's build is further up)."""
+    """Installing the program's dependencies failed; the message carries the installer's last lines,
+    `output` all of them (a plugin install that failed inside a package's build is further up)."""
 
     def __init__(self, message: str, output: str = ""):
         super().__init__(message)
@@ -40,8 +58,15 @@ def runtime_name(project: dict) -> str:
     return runtime.get("name", "") if isinstance(runtime, dict) else str(runtime or "")
 
 
+def toolchain(project: dict) -> str:
+    """`runtime.options.toolchain` ("uv", "pip", ...), or "" when the project names none."""
+    runtime = project.get("runtime")
+    options = (runtime.get("options") or {}) if isinstance(runtime, dict) else {}
+    return str(options.get("toolchain") or "")
+
+
 def requirements_key(requirements: bytes, python_version: str, local_trees: bytes = b"") -> str:
-    """Changes when the requirements, the local directories they name or the interpreter change."""
+    """Changes when the declared dependencies, the local directories they name or the interpreter change."""
     return hashlib.sha256(python_version.encode() + b"\0" + requirements + b"\0" + local_trees).hexdigest()[:16]
 
 
@@ -61,6 +86,18 @@ def local_requirement_dirs(requirements: str, project_dir: Path) -> list[Path]:
     return found
 
 
+def local_source_dirs(pyproject: str, project_dir: Path) -> list[Path]:
+    """The directories a uv project installs from (`[tool.uv.sources] name = {path = "../.."}`)."""
+    sources = ((tomllib.loads(pyproject).get("tool") or {}).get("uv") or {}).get("sources") or {}
+    found = []
+    for source in sources.values():
+        for entry in source if isinstance(source, list) else [source]:
+            path = (project_dir / entry["path"]).resolve() if isinstance(entry, dict) and "path" in entry else None
+            if path is not None and path.is_dir():
+                found.append(path)
+    return found
+
+
 def tree_digest(root: Path) -> bytes:
     """The content of a source tree (paths and bytes), without VCS data, caches and virtualenvs."""
     digest = hashlib.sha256()
@@ -73,17 +110,42 @@ def tree_digest(root: Path) -> bytes:
     return digest.digest()
 
 
-def planned_virtualenv(project_dir: Path, venvs_root: Path, python_version: str) -> Path | None:
-    """Where this project's virtualenv lives, or None when it is not a Python project with requirements."""
+def declared_dependencies(project_dir: Path) -> tuple[str, bytes, list[Path]] | None:
+    """(toolchain, the bytes that declare the dependencies, the local directories they install), or None
+    when this is not a Python project that declares any: a uv project's pyproject.toml and uv.lock,
+    else requirements.txt."""
     found = project_file(project_dir)
-    if found is None or runtime_name(yaml.safe_load(found.read_text()) or {}) != "python":
+    if found is None:
         return None
+    project = yaml.safe_load(found.read_text()) or {}
+    if runtime_name(project) != "python":
+        return None
+    chosen = toolchain(project)
+    if chosen == "uv":
+        pyproject = project_dir / "pyproject.toml"
+        if not pyproject.is_file():
+            raise PythonEnvError("the program asks for the uv toolchain (runtime.options.toolchain in Pulumi.yaml) "
+                                 "but has no pyproject.toml declaring its dependencies; add one (with uv.lock: "
+                                 "`uv lock`), or drop the toolchain option to install requirements.txt")
+        lock = project_dir / "uv.lock"
+        declared = pyproject.read_bytes() + b"\0" + (lock.read_bytes() if lock.is_file() else b"")
+        return chosen, declared, local_source_dirs(pyproject.read_text(), project_dir)
     requirements = project_dir / "requirements.txt"
     if not requirements.exists():
         return None
     text = requirements.read_bytes()
-    local = b"".join(tree_digest(d) for d in local_requirement_dirs(text.decode(errors="replace"), project_dir))
-    return venvs_root / requirements_key(text, python_version, local)
+    return chosen, text, local_requirement_dirs(text.decode(errors="replace"), project_dir)
+
+
+def planned_virtualenv(project_dir: Path, venvs_root: Path, python_version: str) -> Path | None:
+    """Where this project's virtualenv lives, or None when it is not a Python project with dependencies."""
+    declared = declared_dependencies(project_dir)
+    if declared is None:
+        return None
+    chosen, text, local = declared
+    # The toolchain is part of the key: an environment pip built is not what uv would build, and back.
+    return venvs_root / requirements_key(chosen.encode() + b"\0" + text, python_version,
+                                         b"".join(tree_digest(d) for d in local))
 
 
 def use_virtualenv(project_file_path: Path, venv: Path) -> None:
@@ -98,9 +160,31 @@ def use_virtualenv(project_file_path: Path, venv: Path) -> None:
     project_file_path.write_text(yaml.safe_dump(project, sort_keys=False))
 
 
-def ensure_virtualenv(project_dir: Path, venvs_root: Path, timeout: float = 900) -> Path | None:
+def uv_binary() -> str | None:
+    """The uv of the `uv` package beside this interpreter, or None (a foreign workspace image)."""
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    try:
+        return find_uv_bin()
+    except FileNotFoundError:
+        return None
+
+
+def uv_environment(env: Mapping[str, str], cache: Path) -> dict[str, str]:
+    """The environment uv runs in: this one, the shared cache, and pip's index settings under uv's names."""
+    result = {**env, "UV_CACHE_DIR": str(cache), "UV_LINK_MODE": "copy", "UV_NO_PROGRESS": "1",
+              "UV_PYTHON_DOWNLOADS": "never"}
+    for pip_name, uv_name in UV_FROM_PIP.items():
+        if pip_name in env and uv_name not in env:
+            result[uv_name] = env[pip_name]
+    return result
+
+
+def ensure_virtualenv(project_dir: Path, venvs_root: Path, cache: Path, timeout: float = 900) -> Path | None:
     """Create the project's virtualenv (with the worker's interpreter) unless it exists, drop this
-    Stack's outdated ones, and point the project at it."""
+    Stack's outdated ones, and point the project at it. `cache`: uv's, shared by every Stack."""
     venv = planned_virtualenv(project_dir, venvs_root, sys.version)
     if venv is None:
         return None
@@ -109,12 +193,7 @@ def ensure_virtualenv(project_dir: Path, venvs_root: Path, timeout: float = 900)
         # Built where it is used (venv scripts hard-code their directory); the marker says it finished.
         shutil.rmtree(venv, ignore_errors=True)
         venv.parent.mkdir(parents=True, exist_ok=True)
-        _run([sys.executable, "-m", "venv", str(venv)], "creating the virtualenv", timeout)
-        requirements = (project_dir / "requirements.txt").read_text()
-        if any(line.strip() and not line.lstrip().startswith("#") for line in requirements.splitlines()):
-            _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                  "--no-input", "-r", str(project_dir / "requirements.txt")], "installing requirements.txt",
-                 timeout, cwd=project_dir)
+        _install(project_dir, venv, cache, timeout)
         complete.touch()
     for stale in venvs_root.iterdir():
         if stale != venv:
@@ -123,12 +202,40 @@ def ensure_virtualenv(project_dir: Path, venvs_root: Path, timeout: float = 900)
     return venv
 
 
-def _run(command: list[str], what: str, timeout: float, cwd: Path | None = None) -> None:
+def _install(project_dir: Path, venv: Path, cache: Path, timeout: float) -> None:
+    chosen, _, _ = declared_dependencies(project_dir)  # type: ignore[misc]
+    uv = uv_binary() if chosen != "pip" else None
+    env = uv_environment(os.environ, cache) if uv else dict(os.environ)
+    if chosen == "uv":
+        if uv is None:
+            raise PythonEnvError("the program asks for the uv toolchain (runtime.options.toolchain in Pulumi.yaml) "
+                                 "and this operator has no uv (its workspace image lacks the `uv` package); use the "
+                                 "operator's image, or install requirements.txt with pip")
+        locked = ["--locked"] if (project_dir / "uv.lock").is_file() else []
+        _run([uv, "sync", *locked, "--python", sys.executable], "installing the uv project (pyproject.toml, uv.lock)",
+             timeout, cwd=project_dir, env={**env, "UV_PROJECT_ENVIRONMENT": str(venv)})
+        return
+    if uv is not None:
+        # --seed: pip in the environment, as `python -m venv` gives it (Pulumi's Python host lists packages with it).
+        _run([uv, "venv", "--seed", "--python", sys.executable, str(venv)], "creating the virtualenv", timeout, env=env)
+    else:
+        _run([sys.executable, "-m", "venv", str(venv)], "creating the virtualenv", timeout, env=env)
+    requirements = (project_dir / "requirements.txt").read_text()
+    if any(line.strip() and not line.lstrip().startswith("#") for line in requirements.splitlines()):
+        install = [uv, "pip", "install", "--python", str(venv / "bin" / "python")] if uv is not None else \
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+        _run([*install, "-r", str(project_dir / "requirements.txt")], "installing requirements.txt", timeout,
+             cwd=project_dir, env=env)
+
+
+def _run(command: list[str], what: str, timeout: float, cwd: Path | None = None,
+         env: Mapping[str, str] | None = None) -> None:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                              env=dict(env) if env is not None else None)
     except subprocess.TimeoutExpired:
         raise PythonEnvError(f"{what} took longer than {timeout:.0f}s") from None
     if done.returncode != 0:
         last = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise PythonEnvError(f"{what} failed (requirements.txt of the program): {last}",
+        raise PythonEnvError(f"{what} failed (the program's dependencies): {last}",
                              output=f"{done.stdout}\n{done.stderr}")

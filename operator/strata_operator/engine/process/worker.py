@@ -435,7 +435,7 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
         _ensure_file_backend(backend)
     if operation in ("up", "preview"):
         # Only these run the program. HOME is the Stack's own directory (executor.AutomationEngine.worker_env).
-        ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs")
+        ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs", Path(request["python_cache"]))
     workspace = auto.LocalWorkspace(work_dir=workdir, pulumi_home=os.environ.get("PULUMI_HOME"),
                                     secrets_provider=request["secrets_provider"] or None,
                                     pulumi_command=pulumi_command)
