@@ -435,7 +435,10 @@ def stack_logs(cluster: Cluster, namespace: str | None, name: str, state_dirs: l
     if output == "json":
         _print_json({"namespace": namespace, "name": name, **record})
         return 0
-    _say(f"{record['operation']} of {record['stack']} {record['outcome']} at {record['finished']}")
+    seconds = record.get("seconds") or {}
+    took = ", ".join(f"{phase} {value:.1f}s" for phase, value in seconds.items())
+    _say(f"{record['operation']} of {record['stack']} {record['outcome']} at {record['finished']}"
+         + (f" ({took})" if took else ""))
     text = record["output"]
     sys.stdout.write(text if not text or text.endswith("\n") else text + "\n")
     return 0

@@ -18,6 +18,7 @@ from .engine.pod.executor import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
 from .engine.port import EngineUnavailable
 from .engine.process.executor import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
 from .engine.process.plugins import default_plugin_cache
+from .engine.process.virtualenvs import default_python_cache
 from .services.flux_events import check_address
 from .services.memory import start_trimming
 
@@ -48,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="provider plugins every Stack's updates see (read-only), laid out like PULUMI_HOME/plugins: "
                         "fill it with `PULUMI_HOME=<its parent> pulumi plugin install ...` (default: "
                         "$PULUMI_HOME/plugins, else ~/.pulumi/plugins; read before every update)")
+    p.add_argument("--python-cache", type=Path, default=default_python_cache(), metavar="DIR",
+                   help="uv's cache for every Stack's Python environment (programs never see it; default: "
+                        "$XDG_CACHE_HOME/strata/uv, else ~/.cache/strata/uv)")
     p.add_argument("--state-dir", type=Path,
                    default=Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator")),
                    help="where per-Stack workdirs and PULUMI_HOMEs live")
@@ -168,7 +172,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[console])
     engine = EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
                             timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
-                            plugin_cache=args.plugin_cache.expanduser().absolute())
+                            plugin_cache=args.plugin_cache.expanduser().absolute(),
+                            python_cache=args.python_cache.expanduser().absolute())
     try:
         logging.getLogger("strata_operator").info("%s", engine.summary())
     except EngineUnavailable as err:

@@ -167,10 +167,11 @@ def test_the_update_log_is_redacted_private_and_replaced_by_the_next_run(tmp_pat
     path = tmp_path / "last-update.json"
     request = {"operation": "up", "stack_name": "org/app/dev"}
     write_update_log(path, request, {"outcome": "failed", "message": "bad [secret]"},
-                     "error: token hunter2-canary refused\n", redactor)
+                     "error: token hunter2-canary refused\n", redactor, {"environment": 1.2, "total": 4.5})
     record = json.loads(path.read_text())
     assert (record["operation"], record["stack"], record["outcome"], record["message"]) == \
         ("up", "org/app/dev", "failed", "bad [secret]")
+    assert record["seconds"] == {"environment": 1.2, "total": 4.5}  # where the run's time went
     assert record["output"] == "error: token [secret] refused\n"
     assert path.stat().st_mode & 0o777 == 0o600
     write_update_log(path, {**request, "operation": "destroy"}, {"outcome": "succeeded"}, "gone\n", redactor)

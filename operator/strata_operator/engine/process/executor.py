@@ -26,6 +26,7 @@ from pathlib import Path
 from ...services.redaction import redact
 from ..port import EngineUnavailable, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from .plugins import ambient_plugin_dirs, ambient_plugins, cached_plugins, default_plugin_cache
+from .virtualenvs import default_python_cache
 
 RESULT_PREFIX = "STRATA-RESULT "
 
@@ -61,6 +62,8 @@ class EngineSettings:
     plugin_dirs: tuple[str, ...] = ()
     # Provider plugins shared by every Stack, laid out like PULUMI_HOME/plugins (plugins.link_plugins).
     plugin_cache: Path = dataclasses.field(default_factory=default_plugin_cache)
+    # uv's cache, for every Stack's Python environment (virtualenvs.py); programs are never given its path.
+    python_cache: Path = dataclasses.field(default_factory=default_python_cache)
     # The operator's own PATH: the CLI is found on it, and its directories holding language hosts or
     # plugins are passed on to updates (their environment is otherwise clean).
     host_path: str = dataclasses.field(default_factory=lambda: os.environ.get("PATH", ""))
@@ -214,8 +217,7 @@ class AutomationEngine(SerializedEngine):
         payload["worker_env"] = self.worker_env(request)
         payload["plugin_cache"] = str(self.settings.plugin_cache)
         payload["plugin_dirs"] = list(self.settings.plugin_dirs)
-        # uv's cache, one for every Stack's environments; the programs themselves are never given its path.
-        payload["python_cache"] = str(self.settings.state_dir / "uv-cache")
+        payload["python_cache"] = str(self.settings.python_cache)
         try:
             stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
                                             timeout=self.settings.timeout_seconds)

@@ -160,6 +160,12 @@ def use_virtualenv(project_file_path: Path, venv: Path) -> None:
     project_file_path.write_text(yaml.safe_dump(project, sort_keys=False))
 
 
+def default_python_cache(environ: Mapping[str, str] = os.environ) -> Path:
+    """uv's cache for the environments of every Stack: the user's, so a new operator home (a fresh `make
+    up`) starts warm ($XDG_CACHE_HOME/strata/uv, else ~/.cache/strata/uv)."""
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "strata" / "uv"
+
+
 def uv_binary() -> str | None:
     """The uv of the `uv` package beside this interpreter, or None (a foreign workspace image)."""
     try:

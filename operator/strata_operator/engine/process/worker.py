@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -423,7 +424,8 @@ def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) 
     return actions
 
 
-def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
+def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: dict[str, float]) -> dict[str, Any]:
+    """Run the request's operation; `seconds` gets how long the program's environment took to be ready."""
     workdir = os.getcwd()
     operation = request["operation"]
     name = request["stack_name"]
@@ -435,7 +437,9 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[st
         _ensure_file_backend(backend)
     if operation in ("up", "preview"):
         # Only these run the program. HOME is the Stack's own directory (executor.AutomationEngine.worker_env).
+        started = time.monotonic()
         ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs", Path(request["python_cache"]))
+        seconds["environment"] = round(time.monotonic() - started, 3)
     workspace = auto.LocalWorkspace(work_dir=workdir, pulumi_home=os.environ.get("PULUMI_HOME"),
                                     secrets_provider=request["secrets_provider"] or None,
                                     pulumi_command=pulumi_command)
@@ -576,12 +580,13 @@ UPDATE_LOG = "last-update.json"
 
 
 def write_update_log(path: Path, request: dict[str, Any], result: dict[str, Any], output: str,
-                     redactor: Redactor) -> None:
-    """The engine output of this run, redacted, for `strata logs stack`: only the operator's user may
-    read it (mode 0600), and each run replaces the previous one's."""
+                     redactor: Redactor, seconds: dict[str, float] | None = None) -> None:
+    """The engine output of this run, redacted, for `strata logs stack`, with how long it took (`seconds`:
+    in all, and the program's environment): only the operator's user may read it (mode 0600), and each
+    run replaces the previous one's."""
     record = {"operation": request["operation"], "stack": request["stack_name"], "outcome": result["outcome"],
               "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "message": result.get("message", ""), "output": redactor.redact(output)}
+              "message": result.get("message", ""), "seconds": seconds or {}, "output": redactor.redact(output)}
     partial = path.with_suffix(".partial")
     with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
         json.dump(record, file)
@@ -591,9 +596,11 @@ def write_update_log(path: Path, request: dict[str, Any], result: dict[str, Any]
 def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
     """Run one request as this process's only job; every failure comes back as a result, redacted."""
     redactor = request_redactor(request)
+    started = time.monotonic()
     _enter(request)
+    seconds: dict[str, float] = {}
     try:
-        result = _run(request, pulumi_command)
+        result = _run(request, pulumi_command, seconds)
         output = result.pop("engine_output", "")
     except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
         result = failure_result(err, request)
@@ -602,7 +609,8 @@ def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[
     result["message"] = redactor.redact(result.get("message", ""))
     if request["operation"] in LOGGED_OPERATIONS:
         # HOME is the Stack's own directory (executor.AutomationEngine.worker_env); the log goes beside it.
-        write_update_log(Path(os.environ["HOME"]).parent / UPDATE_LOG, request, result, output, redactor)
+        seconds["total"] = round(time.monotonic() - started, 3)
+        write_update_log(Path(os.environ["HOME"]).parent / UPDATE_LOG, request, result, output, redactor, seconds)
     return result
 
 
