@@ -11,7 +11,7 @@ import yaml
 
 from strata_operator.engine.process.virtualenvs import (PythonEnvError, ensure_virtualenv, local_requirement_dirs,
                                                         local_source_dirs, planned_virtualenv, requirements_key,
-                                                        use_virtualenv)
+                                                        use_virtualenv, uv_environment)
 
 
 def _project(path, runtime, requirements: str | None = "# nothing to install\n"):
@@ -153,3 +153,13 @@ def test_a_uv_toolchain_without_pyproject_names_the_fix(tmp_path):
     project = _project(tmp_path / "p", {"name": "python", "options": {"toolchain": "uv"}})
     with pytest.raises(PythonEnvError, match="no pyproject.toml declaring its dependencies"):
         ensure_virtualenv(project, tmp_path / "venvs", tmp_path / "uv-cache")
+
+
+def test_uv_reaches_the_index_the_way_pip_is_told_to_and_trusts_the_hosts_certificates(tmp_path):
+    env = uv_environment({"PIP_INDEX_URL": "https://mirror/simple", "PIP_NO_INDEX": "1", "PIP_CERT": "/ca.pem",
+                          "UV_INDEX": "https://kept/simple", "PIP_EXTRA_INDEX_URL": "https://ignored/simple"},
+                         tmp_path / "cache")
+    assert env["UV_DEFAULT_INDEX"] == "https://mirror/simple" and env["UV_NO_INDEX"] == "1"
+    assert env["SSL_CERT_FILE"] == "/ca.pem" and env["UV_SYSTEM_CERTS"] == "1"
+    assert env["UV_INDEX"] == "https://kept/simple"  # uv's own setting wins over pip's
+    assert env["UV_CACHE_DIR"] == str(tmp_path / "cache") and env["UV_LINK_MODE"] == "copy"

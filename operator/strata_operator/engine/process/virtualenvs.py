@@ -37,7 +37,7 @@ SKIPPED_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".pytest
 # How this host reaches a package index, as pip reads it, for uv (which reads only its own names).
 UV_FROM_PIP = {"PIP_INDEX_URL": "UV_DEFAULT_INDEX", "PIP_EXTRA_INDEX_URL": "UV_INDEX",
                "PIP_FIND_LINKS": "UV_FIND_LINKS", "PIP_NO_INDEX": "UV_NO_INDEX",
-               "PIP_TRUSTED_HOST": "UV_INSECURE_HOST"}
+               "PIP_TRUSTED_HOST": "UV_INSECURE_HOST", "PIP_CERT": "SSL_CERT_FILE"}
 
 
 class PythonEnvError(Exception):
@@ -179,9 +179,11 @@ def uv_binary() -> str | None:
 
 
 def uv_environment(env: Mapping[str, str], cache: Path) -> dict[str, str]:
-    """The environment uv runs in: this one, the shared cache, and pip's index settings under uv's names."""
+    """The environment uv runs in: this one, the shared cache, and pip's index settings under uv's names.
+    TLS is verified against the host's trust store, as curl and git do here (and pip, given its config),
+    rather than uv's own bundle: behind a TLS-inspecting proxy only the host's store knows its CA."""
     result = {**env, "UV_CACHE_DIR": str(cache), "UV_LINK_MODE": "copy", "UV_NO_PROGRESS": "1",
-              "UV_PYTHON_DOWNLOADS": "never"}
+              "UV_PYTHON_DOWNLOADS": "never", "UV_SYSTEM_CERTS": "1"}
     for pip_name, uv_name in UV_FROM_PIP.items():
         if pip_name in env and uv_name not in env:
             result[uv_name] = env[pip_name]
