@@ -40,7 +40,8 @@ def test_project_is_pointed_at_the_virtualenv_keeping_its_other_settings(tmp_pat
     project = _project(tmp_path / "p", {"name": "python", "options": {"toolchain": "uv", "typechecker": "mypy"}})
     use_virtualenv(project / "Pulumi.yaml", tmp_path / "venv")
     written = yaml.safe_load((project / "Pulumi.yaml").read_text())
-    assert written["runtime"] == {"name": "python", "options": {"typechecker": "mypy", "virtualenv": str(tmp_path / "venv")}}
+    assert written["runtime"] == {"name": "python", "options": {"toolchain": "pip", "typechecker": "mypy",
+                                                                 "virtualenv": str(tmp_path / "venv")}}
     assert written["description"] == "keep me"
 
 
@@ -118,7 +119,9 @@ def test_a_uv_project_is_synced_from_its_lock_into_the_stacks_environment(tmp_pa
     installed = next(venv.glob("lib/python*/site-packages/lib_marker.py"))
     assert installed.stat().st_nlink == 1 and any(cache.rglob("lib_marker.py"))
     runtime = yaml.safe_load((project / "Pulumi.yaml").read_text())["runtime"]
-    assert runtime == {"name": "python", "options": {"virtualenv": str(venv)}}  # pulumi manages nothing itself
+    # pulumi manages nothing itself: pip over this environment (which has pip), not uv for its uv.lock.
+    assert runtime == {"name": "python", "options": {"toolchain": "pip", "virtualenv": str(venv)}}
+    assert (venv / "bin" / "pip").exists()
     # The lock, the project file and the local library it installs are the key; nothing else is.
     (project / "Pulumi.yaml").write_text(yaml.safe_dump({"name": "app", "runtime": {"name": "python",
                                                                                     "options": {"toolchain": "uv"}}}))

@@ -153,9 +153,9 @@ def use_virtualenv(project_file_path: Path, venv: Path) -> None:
     project = yaml.safe_load(project_file_path.read_text()) or {}
     runtime = project.get("runtime")
     runtime = dict(runtime) if isinstance(runtime, dict) else {"name": runtime}
-    runtime["options"] = {**(runtime.get("options") or {}), "virtualenv": str(venv)}
-    # pulumi would otherwise try to manage the environment itself (uv / poetry).
-    runtime["options"].pop("toolchain", None)
+    # Explicitly pip, over the environment built here: named uv or poetry, or named nothing beside a uv.lock
+    # (Pulumi's Python host then picks uv), pulumi would manage the environment itself.
+    runtime["options"] = {**(runtime.get("options") or {}), "virtualenv": str(venv), "toolchain": "pip"}
     project["runtime"] = runtime
     project_file_path.write_text(yaml.safe_dump(project, sort_keys=False))
 
@@ -220,8 +220,12 @@ def _install(project_dir: Path, venv: Path, cache: Path, timeout: float) -> None
                                  "and this operator has no uv (its workspace image lacks the `uv` package); use the "
                                  "operator's image, or install requirements.txt with pip")
         locked = ["--locked"] if (project_dir / "uv.lock").is_file() else []
-        _run([uv, "sync", *locked, "--python", sys.executable], "installing the uv project (pyproject.toml, uv.lock)",
-             timeout, cwd=project_dir, env={**env, "UV_PROJECT_ENVIRONMENT": str(venv)})
+        # Seeded with pip, which Pulumi's Python host (toolchain pip, see use_virtualenv) lists packages with;
+        # --inexact keeps it, as the project's lock does not name it.
+        _run([uv, "venv", "--seed", "--python", sys.executable, str(venv)], "creating the virtualenv", timeout, env=env)
+        _run([uv, "sync", *locked, "--inexact", "--python", sys.executable],
+             "installing the uv project (pyproject.toml, uv.lock)", timeout, cwd=project_dir,
+             env={**env, "UV_PROJECT_ENVIRONMENT": str(venv)})
         return
     if uv is not None:
         # --seed: pip in the environment, as `python -m venv` gives it (Pulumi's Python host lists packages with it).
