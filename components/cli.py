@@ -43,8 +43,10 @@ def _local_down(args: argparse.Namespace) -> int:
 
 
 def _local_status(args: argparse.Namespace) -> int:
-    status = _platform(args).status()
-    print(json.dumps(status, indent=1))
+    platform = _platform(args)
+    status = platform.status()
+    # Each process's state, then the ports the platform picked and keeps (the operator's included).
+    print(json.dumps({**status, "ports": platform.ports()}, indent=1))
     return 0 if all(status.values()) else 3
 
 

@@ -45,7 +45,10 @@ PROCESS_PORTS = {
     "source-controller": ("source_storage", "source_metrics", "source_health"),
     "kustomize-controller": ("kustomize_metrics", "kustomize_health"),
 }
-PORTS = tuple(port for ports in PROCESS_PORTS.values() for port in ports)
+# Ports of the controllers others start beside the platform (the bootstrap's operator, through
+# start_controller): picked free and kept with the platform's own, checked by that controller when it starts.
+CONTROLLER_PORTS = {"strata-operator": ("operator_metrics", "operator_health")}
+PORTS = tuple(port for ports in (*PROCESS_PORTS.values(), *CONTROLLER_PORTS.values()) for port in ports)
 HOST_CONTROLLERS = ("source-controller", "kustomize-controller", "notification-controller")
 # What `strata local up` and the Cluster component run unless told otherwise.
 DEFAULT_HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
@@ -176,6 +179,11 @@ class LocalPlatform:
                     fix = ("pick another with --apiserver-port" if name == "apiserver" and self.config.apiserver_port
                            else f"stop that program, or delete {self.state / 'platform.json'} to pick new ports")
                     raise PlatformError(f"port {ports[name]} ({component}) is already in use on 127.0.0.1; fix: {fix}")
+
+    def controller_ports(self, name: str) -> dict[str, int]:
+        """The kept ports of a controller of CONTROLLER_PORTS (picked on first use, then the same every start)."""
+        ports = self._ports()
+        return {port: ports[port] for port in CONTROLLER_PORTS[name]}
 
     def info(self) -> PlatformInfo:
         ports = json.loads((self.state / "platform.json").read_text())["ports"]
@@ -486,7 +494,14 @@ class LocalPlatform:
             names += [f"containerd-{node.name}", f"kubelet-{node.name}"]
         if realnode.node_dirs(self.state):
             names.append(realnode.GATEWAY_PROCESS)
+        # A controller started beside the platform (its record stays until it is stopped): a dead one shows.
+        names += [name for name in CONTROLLER_PORTS if (self.run_dir / f"{name}.json").exists()]
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
+
+    def ports(self) -> dict[str, int]:
+        """Every port kept in platform.json ({} before the first start)."""
+        state_file = self.state / "platform.json"
+        return json.loads(state_file.read_text())["ports"] if state_file.exists() else {}
 
     def start_controller(self, process: HostProcess, ready=None, timeout: float = 60) -> int:
         """Run another controller (e.g. the Strata operator) as a supervised process of this platform."""

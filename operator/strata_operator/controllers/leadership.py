@@ -377,9 +377,13 @@ class StandbyHealth:
 # --- Kopf wiring --------------------------------------------------------------------------------
 
 
-@kopf.on.startup()
+@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
 async def elect_leader(memo: kopf.Memo, **_: Any) -> None:
     """Block Kopf's start until this process holds the Lease, then keep renewing it."""
+    if "ctx" not in memo:
+        # An earlier startup handler failed for good (they run in order, this one last): the process exits
+        # once the startup activity ends, which standing by for the Lease would put off indefinitely.
+        return
     settings: ElectionSettings = memo.get("leader_election") or ElectionSettings(enabled=False)
     if not settings.enabled:
         logger.info("leader election is off (--no-leader-election): run no other operator on this cluster, or "

@@ -59,6 +59,24 @@ def test_a_platform_from_before_a_new_component_keeps_its_ports(tmp_path, toolch
     assert json.loads((state / "platform.json").read_text())["ports"] == ports
 
 
+def test_the_operator_gets_free_ports_of_its_own_kept_across_restarts_and_shown_with_its_state(tmp_path, toolchain):
+    state = tmp_path / "state"
+    state.mkdir()
+    # A platform from before the operator's ports were kept: they are added, the others stay.
+    old = {name: 21000 + index for index, name in enumerate(PORTS) if not name.startswith("operator_")}
+    (state / "platform.json").write_text(json.dumps({"ports": old}))
+    platform = LocalPlatform(PlatformConfig(state_dir=state), toolchain)
+    ports = platform.controller_ports("strata-operator")
+    assert set(ports) == {"operator_metrics", "operator_health"}
+    assert not set(ports.values()) & {8383, 8384} and not set(ports.values()) & set(old.values())
+    again = LocalPlatform(PlatformConfig(state_dir=state), toolchain)
+    assert again.controller_ports("strata-operator") == ports and again.ports() == {**old, **ports}
+    assert "strata-operator" not in again.status()  # never started here: not a process of this platform
+    (again.run_dir).mkdir(parents=True)
+    (again.run_dir / "strata-operator.json").write_text(json.dumps({"pid": 2 ** 22 + 1, "argv0": "/bin/false"}))
+    assert again.status()["strata-operator"] is False  # started, now dead: shown
+
+
 def test_unknown_host_controllers_are_refused(tmp_path, toolchain):
     with pytest.raises(PlatformError, match="unknown host controllers \\['helm-controller'\\]"):
         LocalPlatform(PlatformConfig(state_dir=tmp_path, host_controllers=("helm-controller",)), toolchain)
