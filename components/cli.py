@@ -12,9 +12,10 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
-from . import stackctl
+from . import backup, stackctl
 from .local import devstack, toolchain
 from .local.images import ImageError
 from .local.platform import DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
@@ -86,6 +87,29 @@ def _image_build(args: argparse.Namespace) -> int:
         images.load_image(built, node.containerd_socket)
         print(f"loaded into real node {node.name}", file=sys.stderr)
     print(built.name)
+    return 0
+
+
+def _backup_roots(args: argparse.Namespace) -> list[Path]:
+    """The backends named, else the dev home's (the bootstrap's and platform's, the teams' below it)."""
+    return [backup.backend_dir(b) for b in args.backend] or [devstack.dev_home(args.home).backend_dir]
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _backup_create(args: argparse.Namespace) -> int:
+    out = args.out or Path(f"strata-backup-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.tar.gz")
+    manifest = backup.create(_backup_roots(args), out.absolute(), wait_seconds=args.wait, say=_say)
+    stacks = sum(len(backup.stacks_of(entry["files"])) for entry in manifest["backends"])
+    print(f"{out}: {len(manifest['backends'])} backend(s), {stacks} stack(s)")
+    return 0
+
+
+def _backup_restore(args: argparse.Namespace) -> int:
+    restored = backup.restore(args.archive, args.backend, say=_say)
+    print(f"restored {len(restored)} backend(s) from {args.archive}")
     return 0
 
 
@@ -258,6 +282,27 @@ def build_parser() -> argparse.ArgumentParser:
                                  "$STRATA_OPERATOR_STATE, the dev home's platform/operator, ~/.cache/strata/operator)")
     logs_stack.set_defaults(handler=_logs_stack)
 
+    backups = commands.add_parser("backup", help="back up and restore every layer's Pulumi state (file:// backends)")
+    backup_actions = backups.add_subparsers(dest="action", required=True)
+    create = backup_actions.add_parser(
+        "create", help="one archive of every backend under the given ones (the teams' teams/<team> included), "
+                       "taken while no update holds a lock")
+    create.add_argument("--backend", action="append", default=[], metavar="URL",
+                        help="a file:// backend or its directory (repeatable; default: the dev home's, "
+                             "which holds the bootstrap's, the platform's and below it each team's)")
+    create.add_argument("--home", type=Path, default=None, help="the dev home (default: as `strata dev`)")
+    create.add_argument("--out", type=Path, default=None, help="the archive (default: strata-backup-<UTC time>.tar.gz)")
+    create.add_argument("--wait", type=float, default=backup.DEFAULT_WAIT_SECONDS,
+                        help="seconds to wait for running updates to finish (default: %(default)s)")
+    create.set_defaults(handler=_backup_create)
+    restore = backup_actions.add_parser(
+        "restore", help="put backends' state back exactly as in an archive (suspend their Stacks first)")
+    restore.add_argument("archive", type=Path)
+    restore.add_argument("--backend", action="append", default=[], metavar="URL",
+                         help="restore only this backend: its file:// URL, directory, or path below the backed-up "
+                              "one, e.g. teams/alpha (repeatable; default: all in the archive)")
+    restore.set_defaults(handler=_backup_restore)
+
     operator = commands.add_parser("operator", help="the Strata operator")
     operator_actions = operator.add_subparsers(dest="action", required=True)
     # Its options are the operator's own (`strata operator run --help` shows them).
@@ -291,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError, ImageError,
-            stackctl.StackCtlError) as error:
+            stackctl.StackCtlError, backup.BackupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
