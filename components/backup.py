@@ -63,14 +63,11 @@ def find_backends(root: Path) -> list[Path]:
 
 
 def state_files(backend: Path) -> dict[str, str]:
-    """Relative path (under `.pulumi/`) -> SHA-256 of every state file, locks excluded."""
+    """Relative path (under `.pulumi/`) -> SHA-256 of every state file (locks never among them in a
+    backup: it is taken, and checked, while none is held)."""
     state = backend / STATE_DIR
-    digests = {}
-    for path in sorted(state.rglob("*")):
-        relative = path.relative_to(state).as_posix()
-        if path.is_file() and not relative.startswith(f"{LOCKS}/"):
-            digests[relative] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return digests
+    return {path.relative_to(state).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(state.rglob("*")) if path.is_file()}
 
 
 def held_locks(backend: Path) -> list[str]:

@@ -72,6 +72,27 @@ def test_a_backup_waits_for_a_running_update_and_never_copies_its_lock(home, tmp
     assert not any(name.startswith("locks/") for entry in manifest["backends"] for name in entry["files"])
 
 
+def test_a_copy_an_update_wrote_into_is_thrown_away_and_taken_again(home, tmp_path, monkeypatch):
+    checkpoint = home / ".pulumi" / "stacks" / "proj" / "dev.json"
+    real = backup.build_manifest
+    calls = []
+
+    def update_meanwhile(roots, entries):  # an update writes between the digests and the copy
+        calls.append(1)
+        if len(calls) == 1:
+            checkpoint.write_text("written during the copy")
+        return real(roots, entries)
+
+    monkeypatch.setattr(backup, "build_manifest", update_meanwhile)
+    said = []
+    manifest = backup.create([home], tmp_path / "b.tar.gz", say=said.append)
+    assert len(calls) == 2 and any("state changed during the copy" in line for line in said)
+    checkpoint.write_text("later")
+    backup.restore(tmp_path / "b.tar.gz")
+    assert checkpoint.read_text() == "written during the copy"
+    assert manifest["backends"][0]["files"]["stacks/proj/dev.json"] == backup.state_files(home)["stacks/proj/dev.json"]
+
+
 def test_a_backup_gives_up_naming_the_locked_stack_and_a_restore_refuses_under_a_lock(home, tmp_path):
     backup.create([home], tmp_path / "b.tar.gz")
     _lock(home / "teams" / "alpha", "app/app")
