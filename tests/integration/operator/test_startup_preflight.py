@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,7 +63,8 @@ def _left_behind(pid: int, state_dir: Path) -> list[str]:
         except (OSError, IndexError):
             continue
         if stat[0] != "Z" and (int(stat[2]) == pid or cwd.startswith(str(state_dir))):
-            found.append(f"{entry.name}: {(entry / 'cmdline').read_bytes().replace(b'\0', b' ').decode()}")
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry.name}: {command}")
     return found
 
 
@@ -104,3 +106,45 @@ def test_a_startup_step_that_fails_stops_it_at_once_even_while_another_leads(ope
     assert lines[0].endswith(f"cannot start: the state directory {tmp_path / 'state'} (--state-dir) cannot be made "
                              "(File exists); fix: give --state-dir a directory this user may write")
     assert _left_behind(pid, tmp_path) == []
+
+
+def test_the_dev_stacks_operator_gets_the_platforms_kept_ports_shown_by_status(operator, platform, plugin_cache,
+                                                                              tmp_path):
+    """The Operator component's local process (its dynamic provider, as `make up` runs it): ports picked free
+    by the platform on first use, the same after a restart, shown by `strata local status`. It stands by
+    beside the session's operator (which leads), so it handles nothing here."""
+    import json
+    import urllib.request
+
+    from strata_components.local.kube import http_ok
+    from strata_components.operator import OperatorProcessProvider
+
+    state = tmp_path / "platform"  # a platform record of its own, so this operator's process name is free
+    state.mkdir()
+    (state / "platform.json").write_text(json.dumps({"ports": {
+        name: port for name, port in platform.ports().items() if not name.startswith("operator_")}}))
+    props = {"state_dir": str(state), "name": "strata-operator", "command": [sys.executable, "-m", "strata_operator"],
+             "flags": [f"--state-dir={tmp_path / 'operator'}", "--plugin-cache", str(plugin_cache),
+                       "--pulumi", str(platform.toolchain.dir("pulumi") / "bin" / "pulumi")],
+             "requested_ports": {}, "env": {},
+             "kubeconfig": platform.token_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, 600)}
+    provider = OperatorProcessProvider()
+    outs = provider.create(props).outs
+    try:
+        kept = json.loads((state / "platform.json").read_text())["ports"]
+        assert (outs["metrics_port"], outs["health_port"]) == (kept["operator_metrics"], kept["operator_health"])
+        assert http_ok(outs["health_url"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{outs['metrics_port']}/metrics", timeout=5) as response:
+            assert b"stacks_active" in response.read()
+        status = subprocess.run([sys.executable, "-m", "strata_components.cli", "local", "status", "--state-dir",
+                                 str(state)], capture_output=True, text=True, timeout=60)
+        shown = json.loads(status.stdout)
+        assert shown["strata-operator"] is True
+        assert (shown["ports"]["operator_metrics"], shown["ports"]["operator_health"]) == (
+            outs["metrics_port"], outs["health_port"])
+        again = provider.update("id", outs, {**props, "flags": [*props["flags"], "--verbose"]}).outs
+        assert (again["metrics_port"], again["health_port"]) == (outs["metrics_port"], outs["health_port"])
+        assert http_ok(again["health_url"])
+    finally:
+        provider.delete("id", outs)
+    assert processes.running_pid(state / "run", "strata-operator") is None
