@@ -4,6 +4,7 @@ with a metric to alert on; a refusal (4xx) is an answer."""
 import asyncio
 import logging
 
+import aiohttp
 import pytest
 import urllib3
 from kubernetes.client.rest import ApiException
@@ -63,3 +64,40 @@ def test_every_call_through_kube_reports_its_outcome(monkeypatch, caplog):
     # The 404 answered: that ended the outage (the server is up, it refused).
     assert len(said) == 2 and said[0].startswith("the API server is failing (HTTP 503)")
     assert said[1].startswith("the API server answers again after") and "(2 failed call(s))" in said[1]
+
+
+def test_kopfs_own_requests_report_their_outcome_too(monkeypatch, caplog):
+    """Kopf's watches and patches go through its own aiohttp session: a real one against a loopback server
+    that answers 500, then 200."""
+    from aiohttp import web
+
+    from strata_operator.services.kopf_login import api_health_trace
+
+    monkeypatch.setattr(api_health, "API_HEALTH", ApiHealth())
+    caplog.set_level(logging.INFO, logger="strata_operator.services.api_health")
+    answers = [500, 500, 200]
+
+    async def scenario() -> None:
+        async def handle(_request):
+            return web.Response(status=answers.pop(0))
+
+        app = web.Application()
+        app.router.add_get("/", handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        async with aiohttp.ClientSession(trace_configs=[api_health_trace()]) as session:
+            for _ in range(3):
+                async with session.get(f"http://127.0.0.1:{port}/") as response:
+                    await response.read()
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await session.get("http://127.0.0.1:1/")  # nothing listens: no answer at all
+        await runner.cleanup()
+
+    asyncio.run(scenario())
+    said = [record.getMessage() for record in caplog.records]
+    assert said[0].startswith("the API server is failing (HTTP 500)")
+    assert said[1].startswith("the API server answers again after") and "(2 failed call(s))" in said[1]
+    assert said[2].startswith("the API server is failing (ClientConnectorError)")
