@@ -12,6 +12,7 @@ import kopf
 from kopf._core.engines.activities import ActivityError as StartupFailed
 
 from ..api import FINALIZER
+from ..decisions.backoff import ApiRetryDelays
 from ..engine.pod.executor import PodEngine
 from ..engine.port import Engine, EngineUnavailable
 from ..engine.process.executor import AutomationEngine
@@ -41,6 +42,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="strata.pulumi.com")
     settings.posting.level = 100  # only our explicit, redacted Events; never Kopf's log lines
     settings.watching.server_timeout = 270
+    settings.networking.error_backoffs = ApiRetryDelays()  # ride out a sick API server, and come back spread
     install_log_redaction()
     kube = Kube.from_environment(options.kubeconfig)
     engine: Engine = (PodEngine(options.engine, options.workspace, kube) if options.workspace is not None
