@@ -184,7 +184,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     election = ElectionSettings(enabled=not args.no_leader_election, lease_name=args.leader_election_lease,
                                 namespace=args.leader_election_namespace, kubeconfig=args.kubeconfig,
-                                health_endpoint=liveness)
+                                health_endpoint=liveness, restart_in_place=True)
     check_settings(election)
     console = logging.StreamHandler()
     console.setFormatter(ObjectPrefixFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
