@@ -16,7 +16,6 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from ..api import AUTO_GROUP, AUTO_VERSION, GROUP, VERSION
 
