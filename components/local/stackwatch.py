@@ -120,8 +120,9 @@ class OperatorView:
 def operator_blocker(view: OperatorView, hostname: str) -> str:
     """Why the operator handles no Stacks now, or "" when it leads (its identity is hostname_pid)."""
     if view.pid is None:
-        said = f": {_shorten(view.last_line, 200)}" if view.last_line else ""
-        return f"the operator is not running{said} (log: {view.log}); `make up` starts it again"
+        # Its last words last: the progress line is cut at its end, never the log's path.
+        said = f"; it last said: {_shorten(view.last_line, 160)}" if view.last_line else ""
+        return f"the operator is not running (log: {view.log}; `make up` starts it again){said}"
     if view.holder == f"{hostname}_{view.pid}":
         return ""
     if view.holder and view.renewed_seconds_ago is not None and view.renewed_seconds_ago < view.duration_seconds:

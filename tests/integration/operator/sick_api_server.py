@@ -63,8 +63,9 @@ class SickApiServer:
         self.streams.add(task)
         try:
             headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+            body = await request.read()  # none for a GET: aiohttp would give b"" a Content-Type, refused (415)
             async with self.session.request(request.method, self.upstream + request.path_qs, headers=headers,
-                                            data=await request.read()) as answer:
+                                            data=body or None) as answer:
                 response = web.StreamResponse(status=answer.status, headers={
                     k: v for k, v in answer.headers.items() if k.lower() not in HOP_HEADERS})
                 await response.prepare(request)

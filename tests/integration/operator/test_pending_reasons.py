@@ -45,7 +45,7 @@ def test_a_pending_stack_says_the_operator_crashed_or_stands_by(stacks, operator
         line = _said(reader, blocker, "Pending: the operator is not running", lines)
         assert time.monotonic() - crashed < WITHIN
         assert line.startswith(f"  {stacks.namespace}/waiting: Pending: the operator is not running")
-        assert f"(log: {operator.log})" in line
+        assert f"(log: {operator.log}; `make up` starts it again)" in line
 
         usurper.take()
         operator.start()  # restarted, it stands by while another holds the Lease

@@ -141,11 +141,14 @@ def test_a_pending_stack_says_the_operator_is_not_running_with_its_last_words():
     dead = dataclasses.replace(VIEW, pid=None, last_line="cannot start: the metrics port 8383 (--metrics-port) is "
                                                          "already in use on this host; fix: ...")
     why = stackwatch.operator_blocker(dead, "host")
-    assert why.startswith("the operator is not running: cannot start: the metrics port 8383")
-    assert "/p/logs/strata-operator.log" in why
+    assert why.startswith("the operator is not running (log: /p/logs/strata-operator.log; `make up` starts it "
+                          "again); it last said: cannot start: the metrics port 8383")
     pending = {"strata-system/p": StackState("strata-system/p", "Pending", "", stackwatch.PENDING)}
     line = stackwatch.explain_pending(pending, why)["strata-system/p"].line()
-    assert line == f"  strata-system/p: Pending: {why}"
+    assert line == f"  strata-system/p: Pending: {why}"[:240 + len("  strata-system/p: Pending: ")]
+    # However long its last line, the progress line keeps the log's path.
+    long = stackwatch.operator_blocker(dataclasses.replace(dead, last_line="x" * 1000), "host")
+    assert "(log: /p/logs/strata-operator.log" in StackState("s/p", "Pending", "", long).line()
 
 
 def test_the_operator_standing_by_or_without_the_lease_is_named_and_a_leader_is_not():
