@@ -67,7 +67,7 @@ def test_a_minute_of_500s_the_operator_stays_up_says_so_and_catches_up_once(
         pid = behind.pid()
         stacks.program("p", stash_program(a="1"))
         for name in names:
-            stacks.create(name, stacks.spec(programRef={"name": "p"}, config={"round": "1"}))
+            stacks.create(name, stacks.spec(programRef={"name": "p"}, stack=name, config={"round": "1"}))
         for name in names:
             stacks.wait_ready(name, 180)
         log_start = len(behind.log_text())
