@@ -49,7 +49,7 @@ class SickApiServer:
         served_tls.load_cert_chain(self.pki / "apiserver.crt", self.pki / "apiserver.key")
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{path:.*}", self._handle)
-        self.runner = web.AppRunner(app, access_log=None)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=served_tls)
         await site.start()
@@ -95,6 +95,8 @@ class SickApiServer:
 
     def stop(self) -> None:
         async def close() -> None:
+            for task in list(self.streams):  # watches forwarded from the apiserver outlive their client
+                task.cancel()
             await self.runner.cleanup()
             await self.session.close()
 
