@@ -13,6 +13,7 @@ SameSite=Strict); actions also need htmx's `HX-Request` header, which a cross-si
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import secrets
 import sys
@@ -254,12 +255,13 @@ class TokenGate(BaseHTTPMiddleware):
 
 
 def build_app(console: Console) -> Starlette:
-    async def startup() -> None:
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette):
         console.store = Store(console.cluster, asyncio.get_running_loop())
         console.store.start()
-
-    async def shutdown() -> None:
-        if console.store is not None:
+        try:
+            yield
+        finally:
             console.store.stop()
 
     routes = [
@@ -276,7 +278,7 @@ def build_app(console: Console) -> Starlette:
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes, middleware=[Middleware(TokenGate, console=console)],
-                     on_startup=[startup], on_shutdown=[shutdown])
+                     lifespan=lifespan)
 
 
 def serve(cluster: stackctl.Cluster, port: int, state_dirs: list[Path], say=print) -> None:

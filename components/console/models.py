@@ -425,7 +425,7 @@ class Node:
 class Edge:
     source: str
     target: str
-    why: str  # prerequisite, StackReference, Flux
+    why: str  # prerequisite, StackReference, outputs, Flux, owner, created
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,16 +448,28 @@ def _stack_references(program: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
 def layer_edges(objects: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[Edge]:
-    """Who waits for whom: a Stack for its prerequisites and the stacks its Program references, a
-    Stack or Program for the Kustomization that applied it, a Kustomization for the Stack that made it
-    (through that Stack's StackReferences' targets' hand-off, when named alike) is left to Flux labels."""
+    """Who waits for whom: a Stack for its prerequisites; for the stacks it references (a YAML Program's
+    StackReference, or a config value naming a stack, as the app layer names its hand-off stack); for
+    the Stack whose outputs name it (the platform layer hands each team's stack over that way); an
+    object for the Kustomization that applied it (Flux's labels) or the Stack that owns it."""
     stacks = list(objects.get("Stack", ()))
     by_stack_name: dict[str, str] = {}
     for stack in stacks:
         qualified = (stack.get("spec") or {}).get("stack", "")
-        for alias in {qualified, qualified.rsplit("/", 1)[-1]} - {""}:
-            by_stack_name.setdefault(alias, key("Stack", stack))
+        if "/" in qualified:
+            by_stack_name.setdefault(qualified, key("Stack", stack))
     programs = {(p["metadata"].get("namespace"), p["metadata"]["name"]): p for p in objects.get("Program", ())}
     edges = []
     for stack in stacks:
@@ -466,31 +478,38 @@ def layer_edges(objects: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[Edge
         for prerequisite in spec.get("prerequisites") or []:
             edges.append(Edge(f"Stack/{meta['namespace']}/{prerequisite.get('name')}", me, "prerequisite"))
         program = programs.get((meta.get("namespace"), (spec.get("programRef") or {}).get("name")))
-        for reference in _stack_references(program or {}):
-            target = by_stack_name.get(reference) or by_stack_name.get(reference.rsplit("/", 1)[-1])
-            if target and target != me:
-                edges.append(Edge(target, me, "StackReference"))
+        for reference in [*_stack_references(program or {}), *_strings(spec.get("config") or {})]:
+            if by_stack_name.get(reference, me) != me:
+                edges.append(Edge(by_stack_name[reference], me, "StackReference"))
+        for output in _strings((stack.get("status") or {}).get("outputs") or {}):
+            if by_stack_name.get(output, me) != me:
+                edges.append(Edge(me, by_stack_name[output], "outputs"))
     for kind in ("Stack", "Program", "Kustomization"):
         for obj in objects.get(kind, ()):
             labels = (obj.get("metadata") or {}).get("labels") or {}
             if labels.get(FLUX_NAME_LABEL):
                 edges.append(Edge(f"Kustomization/{labels.get(FLUX_NAMESPACE_LABEL)}/{labels[FLUX_NAME_LABEL]}",
                                   key(kind, obj), "Flux"))
-    for k in objects.get("Kustomization", ()):
-        # A Kustomization the platform's Stack created waits for it: same namespace as a Stack's team hand-off.
-        for owner in (k.get("metadata") or {}).get("ownerReferences") or []:
-            if owner.get("kind") == "Stack":
-                edges.append(Edge(f"Stack/{k['metadata']['namespace']}/{owner.get('name')}", key("Kustomization", k),
-                                  "owner"))
+            for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
+                if owner.get("kind") == "Stack":
+                    edges.append(Edge(f"Stack/{obj['metadata'].get('namespace')}/{owner.get('name')}", key(kind, obj),
+                                      "owner"))
     return list(dict.fromkeys(edges))
 
 
 NODE_W, NODE_H, COLUMN_GAP, ROW_GAP, MARGIN = 220, 44, 80, 16, 24
 
 
+BOOTSTRAP = "bootstrap"
+# What pulumi-kubernetes labels the objects it creates with: a root Stack carrying it came from a Pulumi
+# program outside the cluster, the bootstrap (`make up`).
+MANAGED_BY = ("app.kubernetes.io/managed-by", "pulumi")
+
+
 def layers(objects: Mapping[str, Iterable[Mapping[str, Any]]], namespace: str = "") -> Graph:
-    """The layer graph: Stacks and the Kustomizations between them, each in the column of its depth
-    (bootstrap, platform, teams, apps, then deeper), laid out for an SVG."""
+    """The layer graph: Stacks and the Kustomizations between them, each in the column of its depth,
+    after the bootstrap (the `pulumi up` outside the cluster that created the root Stacks), laid out
+    for an SVG; within a column, nodes follow their parents' order."""
     cared = cared_for(objects)
     members = {key(kind, obj): (kind, obj) for kind in ("Stack", "Kustomization") for obj in cared.get(kind, ())
                if not namespace or (obj.get("metadata") or {}).get("namespace") == namespace}
@@ -498,31 +517,47 @@ def layers(objects: Mapping[str, Iterable[Mapping[str, Any]]], namespace: str = 
     parents: dict[str, set[str]] = {k: set() for k in members}
     for edge in edges:
         parents[edge.target].add(edge.source)
+    bootstrapped = [k for k, (kind, obj) in members.items() if kind == "Stack" and not parents[k]
+                    and ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY[0]) == MANAGED_BY[1]]
+    if bootstrapped:
+        members[BOOTSTRAP] = ("Pulumi", {"metadata": {"name": "bootstrap (make up)"}})
+        parents[BOOTSTRAP] = set()
+        for root in bootstrapped:
+            edges.append(Edge(BOOTSTRAP, root, "created"))
+            parents[root].add(BOOTSTRAP)
     depth: dict[str, int] = {}
 
     def depth_of(node: str, seen: frozenset[str] = frozenset()) -> int:
         if node not in depth:
-            depth[node] = 1 + max((depth_of(p, seen | {node}) for p in parents[node] if p not in seen), default=-1)
+            found = 1 + max((depth_of(p, seen | {node}) for p in parents[node] if p not in seen), default=-1)
+            depth[node] = found if node == BOOTSTRAP or not bootstrapped else max(found, 1)
         return depth[node]
 
     for node in members:
         depth_of(node)
     columns = max(depth.values(), default=-1) + 1
     rows: dict[int, list[str]] = {}
-    for node in sorted(members, key=lambda k: (members[k][0] != "Stack", k)):
-        rows.setdefault(depth[node], []).append(node)
+    place: dict[str, int] = {}
+    for column in range(columns):
+        here = [k for k in members if depth[k] == column]
+        here.sort(key=lambda k: (min((place[p] for p in parents[k] if p in place), default=-1),
+                                 members[k][0] != "Stack", k))
+        rows[column] = here
+        place.update({k: i for i, k in enumerate(here)})
     nodes = {}
     for column, keys in rows.items():
         for row, node in enumerate(keys):
             kind, obj = members[node]
             meta = obj["metadata"]
-            nodes[node] = Node(node, kind, meta.get("namespace", ""), meta["name"], object_state(kind, obj).state,
-                               column, MARGIN + column * (NODE_W + COLUMN_GAP), MARGIN + 28 + row * (NODE_H + ROW_GAP),
+            state = "Ready" if node == BOOTSTRAP else object_state(kind, obj).state
+            nodes[node] = Node(node, kind, meta.get("namespace", ""), meta["name"], state, column,
+                               MARGIN + column * (NODE_W + COLUMN_GAP), MARGIN + 28 + row * (NODE_H + ROW_GAP),
                                f"/stacks/{meta.get('namespace')}/{meta['name']}" if kind == "Stack" else "")
     tallest = max((len(keys) for keys in rows.values()), default=0)
-    names = [LAYER_NAMES[i] if i < len(LAYER_NAMES) else f"layer {i}" for i in range(columns)]
+    names = (LAYER_NAMES if bootstrapped else ())
     return Graph(sorted(nodes.values(), key=lambda n: (n.layer, n.y)),
-                 [(e, nodes[e.source], nodes[e.target]) for e in edges], names,
+                 [(e, nodes[e.source], nodes[e.target]) for e in edges],
+                 [names[i] if i < len(names) else f"layer {i + (0 if bootstrapped else 1)}" for i in range(columns)],
                  2 * MARGIN + max(columns, 1) * (NODE_W + COLUMN_GAP) - COLUMN_GAP,
                  2 * MARGIN + 28 + max(tallest, 1) * (NODE_H + ROW_GAP))
 

@@ -139,31 +139,43 @@ def test_pending_plans_are_the_stacks_awaiting_approval():
         models.PendingPlan("apps", "gated", "sha256:1", "create 2", "gated/1", "", "plan sha256:1 awaits approval")]
 
 
-def test_layers_follow_prerequisites_stack_references_and_flux():
+def test_layers_follow_prerequisites_stack_references_outputs_and_flux():
     flux = {models.FLUX_NAME_LABEL: "team-alpha", models.FLUX_NAMESPACE_LABEL: "team-alpha"}
+    handoff = "organization/strata-team-handoff/alpha"
+    platform = obj("strata-system/platform", READY, metadata={"labels": {"app.kubernetes.io/managed-by": "pulumi"}},
+                   spec={"stack": "organization/platform/dev"})
+    platform["status"]["outputs"] = {"teamHandoffStacks": {"alpha": handoff}, "teamPassphrases": "[secret]"}
     objects = {
-        "Stack": [obj("strata-system/platform", READY, spec={"stack": "organization/platform/dev"}),
-                  obj("team-alpha/handoff", READY, spec={"stack": "organization/strata-team-handoff/alpha"}),
+        "Stack": [platform,
+                  obj("strata-system/handoff-alpha", READY, spec={"stack": handoff}),
                   obj("team-alpha/app", RETRYING, metadata={"labels": flux},
-                      spec={"stack": "organization/app/dev", "programRef": {"name": "app"},
-                            "prerequisites": [{"name": "handoff"}]})],
-        "Program": [obj("team-alpha/app", READY, program={"resources": {"ref": {
+                      spec={"stack": "organization/app/alpha", "config": {"app:handoffStack": handoff}}),
+                  obj("team-alpha/db", READY, metadata={"labels": flux}, spec={"stack": "organization/db/alpha",
+                                                                              "programRef": {"name": "db"}}),
+                  obj("team-alpha/web", READY, metadata={"labels": flux},
+                      spec={"stack": "organization/web/alpha", "prerequisites": [{"name": "db"}]})],
+        "Program": [obj("team-alpha/db", READY, program={"resources": {"ref": {
             "type": "pulumi:pulumi:StackReference", "properties": {"name": "organization/platform/dev"}}}})],
-        "Kustomization": [obj("team-alpha/team-alpha", READY,
-                              metadata={"ownerReferences": [{"kind": "Stack", "name": "handoff"}]})],
+        "Kustomization": [obj("team-alpha/team-alpha", READY)],
     }
     edges = {(e.source, e.target, e.why) for e in models.layer_edges(objects)}
-    assert ("Stack/team-alpha/handoff", "Stack/team-alpha/app", "prerequisite") in edges
-    assert ("Stack/strata-system/platform", "Stack/team-alpha/app", "StackReference") in edges
-    assert ("Kustomization/team-alpha/team-alpha", "Stack/team-alpha/app", "Flux") in edges
+    assert edges == {
+        ("Stack/strata-system/platform", "Stack/strata-system/handoff-alpha", "outputs"),
+        ("Stack/strata-system/handoff-alpha", "Stack/team-alpha/app", "StackReference"),
+        ("Stack/strata-system/platform", "Stack/team-alpha/db", "StackReference"),
+        ("Stack/team-alpha/db", "Stack/team-alpha/web", "prerequisite"),
+        *(("Kustomization/team-alpha/team-alpha", f"Stack/team-alpha/{name}", "Flux") for name in ("app", "db", "web"))}
     graph = models.layers(objects)
-    columns = {n.key: n.layer for n in graph.nodes}
-    assert columns == {"Stack/strata-system/platform": 0, "Stack/team-alpha/handoff": 0,
-                       "Kustomization/team-alpha/team-alpha": 1, "Stack/team-alpha/app": 2}
-    assert graph.columns == ["bootstrap", "platform", "teams"]
+    assert {n.key: n.layer for n in graph.nodes} == {
+        "bootstrap": 0, "Stack/strata-system/platform": 1, "Kustomization/team-alpha/team-alpha": 1,
+        "Stack/strata-system/handoff-alpha": 2, "Stack/team-alpha/db": 2, "Stack/team-alpha/app": 3,
+        "Stack/team-alpha/web": 3}
+    assert graph.columns == ["bootstrap", "platform", "teams", "apps"]
     assert {n.key: n.state for n in graph.nodes}["Stack/team-alpha/app"] == "Reconciling"
     assert all(s.x < t.x for _, s, t in graph.edges), "every arrow points to a later layer"
-    assert [n.key for n in models.layers(objects, "strata-system").nodes] == ["Stack/strata-system/platform"]
+    team = models.layers(objects, "team-alpha")
+    assert [n.key for n in team.nodes if n.layer == 0] == ["Kustomization/team-alpha/team-alpha"]
+    assert team.columns == ["layer 1", "layer 2", "layer 3"], "no bootstrapped Stack there: layers by number"
 
 
 def test_layers_survive_a_cycle():
