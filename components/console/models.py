@@ -73,9 +73,38 @@ class State:
     message: str
 
 
+# Pages of a large fleet read the same unchanged objects again and again: what an object version says is
+# kept by (kind, namespace, name, resourceVersion), and a row also by the 10 s its ages were read in.
+MEMO_LIMIT = 50_000
+_states: dict[tuple[str, ...], State] = {}
+_rows: dict[tuple[str, ...], "OverviewRow"] = {}
+AGE_BUCKET_SECONDS = 10
+
+
+def _version(kind: str, obj: Mapping[str, Any]) -> tuple[str, ...] | None:
+    meta = obj.get("metadata") or {}
+    version = meta.get("resourceVersion")
+    return (kind, meta.get("namespace", ""), meta.get("name", ""), version) if version else None
+
+
+def _remember(memo: dict, memo_key: tuple | None, value: Any) -> Any:
+    if memo_key is not None:
+        if len(memo) >= MEMO_LIMIT:
+            memo.clear()
+        memo[memo_key] = value
+    return value
+
+
 def object_state(kind: str, obj: Mapping[str, Any]) -> State:
     """kstatus read as a person asks it: Stalled, Failed (a failed update being retried), Reconciling,
     Suspended, Ready, or Unknown before any controller reported."""
+    version = _version(kind, obj)
+    if version is not None and version in _states:
+        return _states[version]
+    return _remember(_states, version, _object_state(kind, obj))
+
+
+def _object_state(kind: str, obj: Mapping[str, Any]) -> State:
     found = stackctl.conditions(obj)
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
     ready = found.get("Ready") or {}
@@ -124,6 +153,10 @@ class OverviewRow:
     def dom_id(self) -> str:
         return dom_id(self.key)
 
+    @property
+    def css(self) -> str:
+        return "state-" + self.state.lower()
+
 
 def _age(obj: Mapping[str, Any], now: datetime) -> str:
     created = stackctl.parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
@@ -142,6 +175,14 @@ def _flux_last(obj: Mapping[str, Any], now: datetime) -> tuple[str, str]:
 
 
 def overview_row(kind: str, obj: Mapping[str, Any], now: datetime) -> OverviewRow:
+    version = _version(kind, obj)
+    memo_key = (*version, str(int(now.timestamp()) // AGE_BUCKET_SECONDS)) if version else None
+    if memo_key is not None and memo_key in _rows:
+        return _rows[memo_key]
+    return _remember(_rows, memo_key, _overview_row(kind, obj, now))
+
+
+def _overview_row(kind: str, obj: Mapping[str, Any], now: datetime) -> OverviewRow:
     meta = obj.get("metadata") or {}
     state = object_state(kind, obj)
     namespace, name = meta.get("namespace", ""), meta.get("name", "")
@@ -214,7 +255,8 @@ def overview(objects: Mapping[str, Iterable[Mapping[str, Any]]], filters: Filter
     """The rows the filters admit (failing first, then by kind, namespace and name), the state counts."""
     rows = [overview_row(kind, obj, now) for kind, objs in cared_for(objects).items() for obj in objs]
     namespaces = sorted({row.namespace for row in rows})
-    scoped = [row for row in rows if dataclasses.replace(filters, state="").admits(row)]
+    scope = dataclasses.replace(filters, state="")
+    scoped = [row for row in rows if scope.admits(row)]
     counts = {state: 0 for state in STATES}
     for row in scoped:
         counts[row.state] += 1
@@ -420,6 +462,14 @@ class Node:
     y: int
     href: str
 
+    @property
+    def dom_id(self) -> str:
+        return "node-" + self.key.replace("/", "--")
+
+    @property
+    def subtitle(self) -> str:
+        return " · ".join(part for part in (self.kind, self.namespace[:14], self.state) if part)
+
 
 @dataclasses.dataclass(frozen=True)
 class Edge:
@@ -538,8 +588,11 @@ def layers(objects: Mapping[str, Iterable[Mapping[str, Any]]], namespace: str = 
     columns = max(depth.values(), default=-1) + 1
     rows: dict[int, list[str]] = {}
     place: dict[str, int] = {}
+    by_column: dict[int, list[str]] = {}
+    for k in members:
+        by_column.setdefault(depth[k], []).append(k)
     for column in range(columns):
-        here = [k for k in members if depth[k] == column]
+        here = by_column.get(column, [])
         here.sort(key=lambda k: (min((place[p] for p in parents[k] if p in place), default=-1),
                                  members[k][0] != "Stack", k))
         rows[column] = here

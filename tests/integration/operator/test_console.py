@@ -158,7 +158,7 @@ def test_the_console_in_a_browser(stacks, operator, local_platform, platform, br
         body = browser.find_element(By.TAG_NAME, "body")
         body.send_keys("l")
         wait_for(lambda: browser.current_url.endswith("/layers"), 5, "l opens Layers")
-        assert browser.find_elements(By.CSS_SELECTOR, f"#node-Stack--{ns}--gated")
+        assert browser.find_elements(By.ID, f"node-Stack--{ns}--gated")
         browser.get(f"{console.base}/layers?namespace={ns}")
         browser.save_screenshot(str(shots / "layers.png"))
         browser.find_element(By.TAG_NAME, "body").send_keys("o")
