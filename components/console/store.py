@@ -50,7 +50,9 @@ class Store:
     def _scope(self, kind: Kind) -> tuple[str | None, dict[str, Any]]:
         """List cluster-wide if allowed, else the kubeconfig's namespace, saying what the user misses."""
         try:
-            return None, self.cluster.list_objects(kind.group, kind.version, kind.plural, None)
+            listed = self.cluster.list_objects(kind.group, kind.version, kind.plural, None)
+            self.notes.pop(kind.kind, None)
+            return None, listed
         except stackctl.StackCtlError as error:
             if "forbidden" not in str(error):
                 raise
