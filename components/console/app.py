@@ -65,10 +65,10 @@ class Console:
 
     # -- rendering ----------------------------------------------------------------------------------
 
-    def render(self, name: str, request: Request | None = None, **context: Any) -> HTMLResponse:
+    def render(self, name: str, request: Request | None = None, status_code: int = 200, **context: Any) -> HTMLResponse:
         page = self.templates.get_template(name).render(server=self.cluster.server, store=self.store,
                                                         path=request.url.path if request else "", **context)
-        return HTMLResponse(page)
+        return HTMLResponse(page, status_code=status_code)
 
     def now(self) -> datetime:
         return datetime.now(timezone.utc)
@@ -150,7 +150,8 @@ class Console:
         try:
             stack = await asyncio.to_thread(self.cluster.get_stack, namespace, name)
         except stackctl.StackCtlError as error:
-            return self.render("error.html", request, title=f"Stack {namespace}/{name}", message=str(error))
+            return self.render("error.html", request, status_code=404, title=f"Stack {namespace}/{name}",
+                               message=str(error))
         pending = models.pending_plans([stack])
         changes, problem = [], ""
         if pending:
@@ -193,7 +194,7 @@ class Console:
         objects = await self.objects()
         program = self.store.get("Program", namespace, name) if self.store else None
         if program is None:
-            return self.render("error.html", request, title=f"Program {namespace}/{name}",
+            return self.render("error.html", request, status_code=404, title=f"Program {namespace}/{name}",
                                message=f"Program {namespace}/{name} not found, or not visible to you")
         return self.render("rollout.html", request, rollout=models.rollout(program, objects["Stack"]))
 
@@ -204,12 +205,15 @@ class Console:
             return PlainTextResponse("actions are sent by the console's page", status_code=400)
         namespace, name, action = (request.path_params[k] for k in ("namespace", "name", "action"))
         form = await request.form()
+        digest = str(form.get("digest") or "")
+        if action == "approve" and not digest:
+            return PlainTextResponse("approve needs the digest of the plan on screen", status_code=400)
         calls = {
             "suspend": lambda: stackctl.request_suspend(self.cluster, namespace, name) and "suspended",
             "resume": lambda: f"resumed (generation {stackctl.request_resume(self.cluster, namespace, name)})",
             "reconcile": lambda: f"reconcile requested ({stackctl.request_reconcile(self.cluster, namespace, name)})",
             "approve": lambda: "approved plan " + stackctl.approve_plan(
-                self.cluster, namespace, name, str(form.get("digest", "")))["digest"] + ": the operator applies it now",
+                self.cluster, namespace, name, digest)["digest"] + ": the operator applies it now",
         }
         if action not in calls:
             return PlainTextResponse(f"unknown action {action}", status_code=404)
@@ -301,7 +305,8 @@ def serve(cluster: stackctl.Cluster, port: int, state_dirs: list[Path], say=prin
                            "port, or 0 for a free one") from None
     bound = listener.getsockname()[1]
     # No access log: the first request's URL carries the token.
-    config = uvicorn.Config(build_app(console), log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(build_app(console), log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=2)  # open event streams never end by themselves
     server = uvicorn.Server(config)
     say(f"Strata console for {cluster.server} (as your kubeconfig's user): "
         f"http://127.0.0.1:{bound}/?token={console.token}")
