@@ -177,9 +177,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    toolchain = installed()
+    toolchain = installed(["kubernetes", "etcd", "kwok"])  # the API server is all it needs: no Flux, no operator
     with tempfile.TemporaryDirectory(prefix="strata-bench-console-") as tmp:
-        platform = LocalPlatform(PlatformConfig(state_dir=Path(tmp) / "platform"), toolchain=toolchain)
+        platform = LocalPlatform(PlatformConfig(state_dir=Path(tmp) / "platform", host_controllers=()),
+                                 toolchain=toolchain)
         try:
             platform.up(say=lambda _: None)
             install_operator_api(platform.kubeconfig_path)
