@@ -205,3 +205,41 @@ def test_a_rollout_shows_each_wave_as_the_operator_assigns_it():
         (1, ["c1"], 1, [], False), (2, ["s1"], 0, ["s1"], True), (3, ["s2"], 0, [], False)]
     assert view.waves[0].percent == 100 and view.waves[1].stacks[0][2] == "failed: boom"
     assert view.waves[2].stacks[0][2] == "waiting"
+
+
+def _call(app, path: str, query: str = "", headers=(), method: str = "GET"):
+    """One request straight through the ASGI app (no lifespan, so no watches): (status, headers, body)."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": query.encode(),
+             "headers": [(k.encode(), v.encode()) for k, v in headers], "scheme": "http", "server": ("127.0.0.1", 1),
+             "client": ("127.0.0.1", 2), "root_path": "", "http_version": "1.1", "asgi": {"version": "3.0"}}
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, body
+
+
+def test_only_the_printed_urls_token_opens_the_console_and_actions_need_htmx():
+    from strata_components.console import app
+
+    console = app.Console(None, [], token="s3cret-token")
+    asgi = app.build_app(console)
+    assert _call(asgi, "/vendor/htmx.min.js")[0] == 403
+    assert _call(asgi, "/", "token=wrong")[0] == 403
+    status, headers, _ = _call(asgi, "/layers", "token=s3cret-token&namespace=a")
+    assert status == 303 and headers["location"] == "/layers?namespace=a", "the token leaves the address bar"
+    cookie = headers["set-cookie"]
+    assert cookie.startswith(f"{app.COOKIE}=s3cret-token") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    session = [("cookie", f"{app.COOKIE}=s3cret-token")]
+    status, headers, body = _call(asgi, "/vendor/htmx.min.js", headers=session)
+    assert status == 200 and b"htmx" in body[:300], "served from node_modules"
+    assert _call(asgi, "/stacks/a/b/suspend", headers=session, method="POST")[0] == 400, "a cross-site form"
