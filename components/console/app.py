@@ -303,6 +303,7 @@ def serve(cluster: stackctl.Cluster, port: int, state_dirs: list[Path], say=prin
     except OSError as error:
         raise ConsoleError(f"--port {port}: cannot listen on 127.0.0.1:{port} ({error.strerror}); pick another "
                            "port, or 0 for a free one") from None
+    listener.listen(128)  # a browser opening the printed URL at once waits in the backlog until uvicorn accepts
     bound = listener.getsockname()[1]
     # No access log: the first request's URL carries the token.
     config = uvicorn.Config(build_app(console), log_level="warning", access_log=False, lifespan="on",
