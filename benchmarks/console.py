@@ -137,10 +137,13 @@ def stream_latency(console: Console, api: client.ApiClient, targets: list[tuple[
     response = console.opener.open(request)
 
     def read() -> None:
-        for raw in response:
-            line = raw.decode(errors="replace")
-            for row_id in re.findall(r'id="(row-Stack--[^"]+)"', line):
-                arrived.setdefault(row_id, time.perf_counter())
+        try:
+            for raw in response:
+                line = raw.decode(errors="replace")
+                for row_id in re.findall(r'id="(row-Stack--[^"]+)"', line):
+                    arrived.setdefault(row_id, time.perf_counter())
+        except (AttributeError, OSError, ValueError):
+            pass  # the stream was closed at the end
 
     threading.Thread(target=read, daemon=True).start()
     time.sleep(1)

@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import secrets
 import sys
+import urllib.parse
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -204,8 +205,8 @@ class Console:
         if request.headers.get("HX-Request") != "true":
             return PlainTextResponse("actions are sent by the console's page", status_code=400)
         namespace, name, action = (request.path_params[k] for k in ("namespace", "name", "action"))
-        form = await request.form()
-        digest = str(form.get("digest") or "")
+        # htmx posts the form urlencoded; read here (Starlette's form parser needs python-multipart).
+        digest = urllib.parse.parse_qs((await request.body()).decode()).get("digest", [""])[0]
         if action == "approve" and not digest:
             return PlainTextResponse("approve needs the digest of the plan on screen", status_code=400)
         calls = {

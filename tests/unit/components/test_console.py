@@ -243,3 +243,14 @@ def test_only_the_printed_urls_token_opens_the_console_and_actions_need_htmx():
     status, headers, body = _call(asgi, "/vendor/htmx.min.js", headers=session)
     assert status == 200 and b"htmx" in body[:300], "served from node_modules"
     assert _call(asgi, "/stacks/a/b/suspend", headers=session, method="POST")[0] == 400, "a cross-site form"
+
+
+def test_an_action_reads_the_digest_htmx_posts():
+    from strata_components.console import app
+
+    console = app.Console(None, [], token="t")
+    asgi = app.build_app(console)
+    session = [("cookie", f"{app.COOKIE}=t"), ("hx-request", "true"),
+               ("content-type", "application/x-www-form-urlencoded")]
+    status, _, body = _call(asgi, "/stacks/a/b/approve", headers=session, method="POST")
+    assert status == 400 and b"digest" in body, "no digest: nothing approved"
