@@ -112,6 +112,12 @@ def _object_state(kind: str, obj: Mapping[str, Any]) -> State:
     meta = obj.get("metadata") or {}
     if spec.get("suspend") or ready.get("reason") == stackctl.SUSPENDED:
         return State("Suspended", ready.get("reason", stackctl.SUSPENDED), ready.get("message", "suspended"))
+    if not found and kind == "Program" and "observedGeneration" in status:
+        # A Program's status has no conditions: it is current once its newest generation is rendered.
+        rendered = int(status["observedGeneration"]) >= int(meta.get("generation") or 0) and status.get("artifact")
+        revision = (status.get("artifact") or {}).get("revision", "")
+        return (State("Ready", "Rendered", f"revision {revision}") if rendered
+                else State("Reconciling", "Progressing", "the operator has not rendered the newest generation yet"))
     if not found:
         return State("Unknown", "-", "no controller has reported on it yet")
     stalled = found.get("Stalled") or {}

@@ -43,6 +43,10 @@ def test_states_read_as_a_person_asks():
     assert models.object_state("Kustomization", behind).state == "Reconciling"
     assert models.object_state("GitRepository", obj("a/g", [("Ready", "False", "GitOperationFailed", "x")])).state \
         == "Failed"
+    rendered = obj("a/p", status={"observedGeneration": 1, "artifact": {"revision": "p/1"}})
+    assert models.object_state("Program", rendered) == models.State("Ready", "Rendered", "revision p/1")
+    stale = obj("a/p", metadata={"generation": 2}, status={"observedGeneration": 1, "artifact": {"revision": "p/1"}})
+    assert models.object_state("Program", stale).state == "Reconciling"
 
 
 def test_the_overview_lists_what_strata_cares_about_failing_first_and_filters():
