@@ -1,6 +1,7 @@
 """The `strata` command: the local platform (`strata local ...`), the dev stack (`strata dev ...`), the
 operator (`strata operator run`) and its Stacks (`strata get stacks`, `strata reconcile stack NAME`,
-`strata logs stack NAME`, in the manner of `flux get|reconcile|logs`).
+`strata logs stack NAME`, in the manner of `flux get|reconcile|logs`), and `strata console`, the same in a
+browser.
 
 Every action is a subcommand with its own options, and a group's options are accepted before or
 after the action alike (`strata local --state-dir X up` and `strata local up --state-dir X`).
@@ -149,6 +150,17 @@ def _approve_stack(args: argparse.Namespace) -> int:
 def _logs_stack(args: argparse.Namespace) -> int:
     state_dirs = [args.operator_state_dir] if args.operator_state_dir else stackctl.operator_state_dirs()
     return stackctl.stack_logs(_cluster(args), args.namespace, args.name, state_dirs, args.output)
+
+
+def _console(args: argparse.Namespace) -> int:
+    from .console import app
+
+    state_dirs = [args.operator_state_dir] if args.operator_state_dir else stackctl.operator_state_dirs()
+    try:
+        app.serve(_cluster(args), args.port, state_dirs)
+    except app.ConsoleError as error:
+        raise stackctl.StackCtlError(str(error)) from None
+    return 0
 
 
 def _stack_options() -> argparse.ArgumentParser:
@@ -303,6 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
                               "one, e.g. teams/alpha (repeatable; default: all in the archive)")
     restore.set_defaults(handler=_backup_restore)
 
+    console = commands.add_parser("console", parents=[stack_options],
+                                  help="a web console of every Stack, layer, plan and rollout, on loopback, acting "
+                                       "as your kubeconfig's user; prints its URL")
+    console.add_argument("--port", type=int, default=0,
+                         help="port on 127.0.0.1 (default: a free one, printed with the URL)")
+    console.add_argument("--operator-state-dir", type=Path, default=argparse.SUPPRESS,
+                         help="the operator's --state-dir, for the last update's engine output (as `strata logs`)")
+    console.set_defaults(handler=_console)
+
     operator = commands.add_parser("operator", help="the Strata operator")
     operator_actions = operator.add_subparsers(dest="action", required=True)
     # Its options are the operator's own (`strata operator run --help` shows them).
@@ -318,7 +339,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     # Group options are shared by the group and its actions, so their defaults are filled in here.
-    stack_commands = ("get", "reconcile", "suspend", "resume", "approve", "logs")
+    stack_commands = ("get", "reconcile", "suspend", "resume", "approve", "logs", "console")
     defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS,
                 **dict.fromkeys(stack_commands, STACK_DEFAULTS)}.get(args.command, {})
     for key, value in defaults.items():

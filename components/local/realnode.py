@@ -44,9 +44,10 @@ TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"],
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
 CNI_BIN_DIR = Path("/usr/lib/cni")
-# A real node's runtime and network, plus what builds images for it (mmdebstrap; gcc for the pause image).
+# A real node's runtime and network, plus what builds images for it (mmdebstrap; gcc for the pause image),
+# and the headless browser the console's integration test drives (with a font for its screenshots).
 DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "iproute2", "mmdebstrap",
-                   "gcc", "libc6-dev")
+                   "gcc", "libc6-dev", "chromium", "chromium-driver", "fonts-dejavu-core")
 GATEWAY_PROCESS = "node-gateway"
 
 
@@ -84,21 +85,22 @@ def ensure_debian_packages(say) -> bool:
     name the command. True when everything is installed."""
     missing = missing_debian_packages() if shutil.which("dpkg-query") else list(DEBIAN_PACKAGES)
     if not missing:
-        say(f"real-node packages: all installed ({', '.join(DEBIAN_PACKAGES)})")
+        say(f"host packages (real nodes, the console's browser test): all installed ({', '.join(DEBIAN_PACKAGES)})")
         return True
     command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        say(f"real nodes (optional) need Debian packages: {' '.join(command)} (as root); kwok nodes work without")
+        say(f"real nodes and the console's browser test (optional) need Debian packages: {' '.join(command)} (as "
+            "root); kwok nodes work without")
         return False
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    say(f"installing Debian packages for real nodes: {' '.join(missing)}")
+    say(f"installing Debian packages for real nodes and the console's browser test: {' '.join(missing)}")
     for attempt in (command, ["apt-get", "update", "-q"], command):  # stale package lists: update once, retry
         result = subprocess.run(attempt, capture_output=True, text=True, env=env, check=False)
         if result.returncode == 0 and attempt is command and not missing_debian_packages():
             say("  installed")
             return True
     say(f"  could not install them: {(result.stderr or result.stdout).strip().splitlines()[-1:]}; "
-        f"run `{' '.join(command)}`; real-node tests report NOT RUN until then")
+        f"run `{' '.join(command)}`; real-node tests report NOT RUN and the console's browser test fails until then")
     return False
 
 
