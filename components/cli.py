@@ -17,7 +17,8 @@ from pathlib import Path
 from . import stackctl
 from .local import devstack, toolchain
 from .local.images import ImageError
-from .local.platform import DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
+from .local.platform import (CLUSTER_PROFILE_MIN_REAL_NODES, DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PROFILES,
+                             LocalPlatform, PlatformConfig, PlatformError, default_state_dir)
 from .local.processes import ProcessError
 
 
@@ -25,7 +26,7 @@ def _platform(args: argparse.Namespace) -> LocalPlatform:
     return LocalPlatform(PlatformConfig(
         state_dir=args.state_dir, nodes=args.nodes, real_nodes=args.real_nodes,
         host_controllers=tuple(args.controllers.split(",")) if args.controllers else (),
-        apiserver_port=args.apiserver_port,
+        apiserver_port=args.apiserver_port, profile=args.profile,
     ))
 
 
@@ -150,6 +151,10 @@ def _local_options() -> argparse.ArgumentParser:
                               f"(default: {','.join(DEFAULT_HOST_CONTROLLERS)})")
     options.add_argument("--apiserver-port", type=int, default=argparse.SUPPRESS,
                          help="fixed kube-apiserver port (default: a free one)")
+    options.add_argument("--profile", choices=PROFILES, default=argparse.SUPPRESS,
+                         help=f"dev: kwok nodes; cluster: what a team's cluster has, at least "
+                              f"{CLUSTER_PROFILE_MIN_REAL_NODES} real nodes with kube-proxy and CoreDNS, its tools built "
+                              f"on first use (default: dev)")
     return options
 
 
@@ -162,7 +167,7 @@ def _dev_options() -> argparse.ArgumentParser:
     return options
 
 
-LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None}
+LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None, "profile": "dev"}
 DEV_DEFAULTS = {"project": None, "home": None}
 STACK_DEFAULTS = {"kubeconfig": None, "context": None, "namespace": None, "output": "table",
                   "all_namespaces": False, "timeout": "5m", "operator_state_dir": None}
@@ -182,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      ("env", _local_env, "KUBECONFIG and PATH exports for a shell")):
         local_actions.add_parser(name, parents=[local_options], help=help_text).set_defaults(handler=handler)
     tools = local_actions.add_parser("toolchain", help="build the Go toolchain into the cache")
-    tools.add_argument("names", nargs="*", help="tools to build (default: all)")
+    tools.add_argument("names", nargs="*", help="tools to build (default: those every platform uses)")
     tools.add_argument("--rebuild", action="append", default=[], help="rebuild this tool even if cached")
     tools.set_defaults(handler=_local_toolchain)
     local_actions.add_parser("host-packages", help="install (as root) or name the Debian packages real nodes need"

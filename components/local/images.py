@@ -154,6 +154,30 @@ def build_pause_image(say: Say = stderr_say) -> ImageArchive:
     return ImageArchive(name, out)
 
 
+def build_binary_image(binary: Path, repository: str, tag: str, user: int = 65532,
+                       say: Say = stderr_say) -> ImageArchive:
+    """An image of one static binary at /<its name>, run as `user`: how upstream ships CoreDNS and Flux's
+    controllers (distroless, non-root). Cached by the binary's digest."""
+    name = f"{repository}:{tag}"
+    key = hashlib.sha256(f"{name} {user} {_sha256_file(binary)}".encode()).hexdigest()[:12]
+    out = images_dir() / f"{repository.rsplit('/', 1)[-1]}-{key}.oci.tar"
+    if out.exists():
+        return ImageArchive(name, out)
+    with tempfile.TemporaryDirectory(prefix="strata-image-") as tmp:
+        layer = Path(tmp, "layer.tar")
+        with tarfile.open(layer, "w") as tar:
+            info = tar.gettarinfo(str(binary), arcname=binary.name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(binary, "rb") as handle:
+                tar.addfile(info, handle)
+        config = build_image_config(entrypoint=[f"/{binary.name}"], env={}, user=f"{user}:{user}", workdir="/",
+                                    layer_digest=f"sha256:{_sha256_file(layer)}")
+        write_oci_archive(layer, config, name, out)
+    say(f"  image {name} built from {binary} ({out.stat().st_size // (1 << 20)} MiB)")
+    return ImageArchive(name, out)
+
+
 def operator_image_key(toolchain: Toolchain, python_host: Path | None) -> str:
     """Digest of everything the operator image is made of: sources, pinned deps, binaries, packages."""
     digest = hashlib.sha256()

@@ -17,16 +17,18 @@ import sys
 import time
 from pathlib import Path
 
-from . import processes, realnode
+import yaml
+
+from . import cluster_addons, processes, realnode, toolchain as toolchains
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
 from ..flux_tenancy import LOCKDOWN_FLAGS
 from ..kubeconfig import build_client_certificate_kubeconfig, build_token_kubeconfig, pem_data
 from .kube import http_ok, https_ok, load_documents, server_side_apply, write_private
-from .pki import ensure_pki
+from .pki import ensure_pki, issue_client_certificate
 from .processes import HostProcess, ProcessError
 from .progress import Say, format_seconds, stderr_say, tail
-from .toolchain import Toolchain, ToolchainError, installed
+from .toolchain import Toolchain, ToolchainError, installed, profile_tools
 
 FLUX_NAMESPACE = "flux-system"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -51,6 +53,10 @@ HOST_CONTROLLERS = ("source-controller", "kustomize-controller", "notification-c
 DEFAULT_HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
 # Cluster and context name in the kubeconfigs the platform writes.
 KUBECONFIG_CLUSTER = "strata-local"
+# `dev`: kwok nodes (plus --real-nodes N). `cluster`: what a team's own cluster has, for running the
+# product in it: at least two real nodes with kube-proxy and CoreDNS (cluster_addons.py).
+PROFILES = ("dev", "cluster")
+CLUSTER_PROFILE_MIN_REAL_NODES = 2
 
 
 class PlatformError(Exception):
@@ -89,6 +95,14 @@ class PlatformConfig:
     host_controllers: tuple[str, ...] = ("source-controller",)
     apiserver_port: int | None = None
     """A fixed port for kube-apiserver; by default a free one is picked on first start."""
+    profile: str = "dev"
+    """One of PROFILES; `cluster` builds its tools (kube-proxy, CoreDNS) on first use."""
+
+    @property
+    def real_node_count(self) -> int:
+        if self.profile == "cluster":
+            return max(self.real_nodes, CLUSTER_PROFILE_MIN_REAL_NODES)
+        return self.real_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +139,8 @@ class LocalPlatform:
         unknown = set(self.config.host_controllers) - set(HOST_CONTROLLERS)
         if unknown:
             raise PlatformError(f"unknown host controllers {sorted(unknown)}; choose from {list(HOST_CONTROLLERS)}")
+        if self.config.profile not in PROFILES:
+            raise PlatformError(f"unknown profile {self.config.profile!r}; choose from {list(PROFILES)}")
         self._toolchain = toolchain
         self.state = Path(self.config.state_dir)
         self.pki = self.state / "pki"
@@ -136,7 +152,7 @@ class LocalPlatform:
     def toolchain(self) -> Toolchain:
         if self._toolchain is None:
             try:
-                self._toolchain = installed()
+                self._toolchain = installed(profile_tools(self.config.profile))
             except ToolchainError as error:
                 raise PlatformError(str(error)) from None
         return self._toolchain
@@ -312,6 +328,7 @@ class LocalPlatform:
     def up(self, say: Say = stderr_say) -> PlatformInfo:
         """Start whatever is not running yet and wait until every component is ready."""
         started = time.monotonic()
+        self._ensure_profile_tools(say)
         ports = self._ports()
         plan = self._processes(ports, ensure_bundle(self.toolchain, say))
         self._check_ports_free(ports)
@@ -330,11 +347,21 @@ class LocalPlatform:
                 f"({format_seconds(time.monotonic() - started)})")
             if process.name == "kwok":
                 self._ensure_nodes(say)
-        if self.config.real_nodes:
+        if self.config.real_node_count:
             self._start_real_nodes(ports, say)
         say(f"local platform ready in {format_seconds(time.monotonic() - started)}: "
             f"https://127.0.0.1:{ports['apiserver']}, kubeconfig {self.kubeconfig_path}")
         return self.info()
+
+    def _ensure_profile_tools(self, say: Say) -> None:
+        """The profile's own tools, built on its first use (`make setup` builds only the default ones)."""
+        missing = [name for name in profile_tools(self.config.profile) if name not in self.toolchain.entries]
+        if missing:
+            try:
+                built = toolchains.ensure(missing, say=say)
+            except ToolchainError as error:
+                raise PlatformError(str(error)) from None
+            self._toolchain = Toolchain({**self.toolchain.entries, **built.entries})
 
     def _exited(self, name: str, log: Path) -> bool:
         if processes.running_pid(self.run_dir, name) is None:
@@ -411,26 +438,99 @@ class LocalPlatform:
             raise PlatformError(f"another local platform on this host runs real nodes ({realnode.SERVICE_ADDRESS}:443 "
                                 "is taken): they share the host's pod bridge; stop it first (strata local down "
                                 "--state-dir DIR), or start this one without --real-nodes")
+        cluster = self.config.profile == "cluster"
+        forwards = [f"{realnode.SERVICE_ADDRESS}:443=127.0.0.1:{ports['apiserver']}",
+                    f"{realnode.NODE_ADDRESS}:{ports['git']}=127.0.0.1:{ports['git']}"]
+        if cluster:  # the `kubernetes` Service's endpoint, where kube-proxy sends it
+            forwards.append(f"{realnode.NODE_ADDRESS}:{ports['apiserver']}=127.0.0.1:{ports['apiserver']}")
         gateway = HostProcess(realnode.GATEWAY_PROCESS, [
-            sys.executable, "-m", "strata_components.local.gateway",
-            f"--forward={realnode.SERVICE_ADDRESS}:443=127.0.0.1:{ports['apiserver']}",
-            f"--forward={realnode.NODE_ADDRESS}:{ports['git']}=127.0.0.1:{ports['git']}",
-        ])
+            sys.executable, "-m", "strata_components.local.gateway", *(f"--forward={f}" for f in forwards)])
         self._start_and_wait(gateway, lambda: not processes.port_is_free(443, realnode.SERVICE_ADDRESS))
-        for index in range(self.config.real_nodes):
+        dns_image = self._coredns_image(say) if cluster else None
+        images = [pause, *([dns_image] if dns_image else [])]
+        for index in range(self.config.real_node_count):
             node = realnode.prepare_node(self.state, index, self.pki,
-                                         lambda stem: self._client_kubeconfig(ports, stem))
+                                         lambda stem: self._client_kubeconfig(ports, stem),
+                                         cluster_dns=realnode.CLUSTER_DNS if cluster else None)
             self._start_and_wait(realnode.containerd_process(node), lambda node=node: subprocess_ok(
                 ["ctr", "--address", str(node.containerd_socket), "version"]))
             try:
-                load_image(pause, node.containerd_socket)
+                for image in images:
+                    load_image(image, node.containerd_socket)
             except ImageError as error:
                 raise PlatformError(f"real node {node.name}: {error}") from None
             self._start_and_wait(realnode.kubelet_process(node, self._kubelet()),
                                  lambda node=node: http_ok(f"http://127.0.0.1:{node.healthz_port}/healthz"))
-        self._wait_nodes_ready("type=real", self.config.real_nodes, timeout=120)
-        say(f"  nodes: {self.config.real_nodes} real node(s) Ready (kubelet on containerd, "
+        self._wait_nodes_ready("type=real", self.config.real_node_count, timeout=120)
+        say(f"  nodes: {self.config.real_node_count} real node(s) Ready (kubelet on containerd, "
             f"{format_seconds(time.monotonic() - started)})")
+        if cluster:
+            self._start_service_networking(ports, say)
+            self._start_cluster_dns(dns_image.name, say)
+
+    def _coredns_image(self, say: Say):
+        from .images import build_binary_image
+
+        version = toolchains.load_specs()["coredns"].version
+        return build_binary_image(self.toolchain.bin("coredns"), "strata.local/coredns", version,
+                                  user=cluster_addons.DNS_USER, say=say)
+
+    def _kube_proxy_ports(self) -> dict[str, int]:
+        path = self.state / "nodes" / "kube-proxy.json"
+        if not path.exists():
+            health, metrics = processes.free_ports(2)
+            path.write_text(json.dumps({"health": health, "metrics": metrics}))
+        return json.loads(path.read_text())
+
+    def _start_service_networking(self, ports: dict[str, int], say: Say) -> None:
+        """kube-proxy, once for every real node (they share the host's network), and the `kubernetes` endpoints."""
+        started = time.monotonic()
+        server_side_apply(self.kubeconfig_path, [cluster_addons.build_apiserver_endpoints(ports["apiserver"])])
+        forwarding = Path("/proc/sys/net/ipv4/ip_forward")
+        if forwarding.read_text().strip() != "1":  # restored by `down` (recorded in nodes/host.json)
+            forwarding.write_text("1")
+        proxy_ports = self._kube_proxy_ports()
+        kubeconfig = self.state / "kubeconfigs" / "kube-proxy.kubeconfig"
+        issue_client_certificate(self.pki, "kube-proxy", "system:kube-proxy", None)
+        write_private(kubeconfig, self._client_kubeconfig(ports, "kube-proxy"))
+        config = self.state / "nodes" / "kube-proxy.yaml"
+        config.write_text(yaml.safe_dump(cluster_addons.build_kube_proxy_config(
+            kubeconfig=kubeconfig, hostname="real-0", health_port=proxy_ports["health"],
+            metrics_port=proxy_ports["metrics"])))
+        self._check_port_free(proxy_ports["health"], cluster_addons.KUBE_PROXY_PROCESS)
+        self._start_and_wait(HostProcess(cluster_addons.KUBE_PROXY_PROCESS, [
+            str(self.toolchain.bin("kube-proxy")), f"--config={config}", "--v=1"]),
+            lambda: http_ok(f"http://127.0.0.1:{proxy_ports['health']}/healthz"))
+        say(f"  kube-proxy: ready, iptables mode ({format_seconds(time.monotonic() - started)})")
+
+    def _check_port_free(self, port: int, component: str) -> None:
+        if processes.running_pid(self.run_dir, component) is None and not processes.port_is_free(port):
+            raise PlatformError(f"port {port} ({component}) is already in use on 127.0.0.1; fix: stop that "
+                                f"program, or delete {self.state / 'nodes' / (component + '.json')} to pick new ports")
+
+    def _start_cluster_dns(self, image: str, say: Say) -> None:
+        from kubernetes import client
+
+        from .kube import api_client
+
+        started = time.monotonic()
+        replicas = self.config.real_node_count
+        server_side_apply(self.kubeconfig_path, cluster_addons.build_coredns_objects(image, replicas))
+        with api_client(self.kubeconfig_path) as api:
+            apps = client.AppsV1Api(api)
+
+            def available() -> bool:
+                status = apps.read_namespaced_deployment(cluster_addons.DNS_NAME, cluster_addons.DNS_NAMESPACE).status
+                return (status.updated_replicas or 0) >= replicas and (status.available_replicas or 0) >= replicas
+
+            try:
+                processes.wait_until(available, timeout=120, what="CoreDNS")
+            except ProcessError:
+                raise PlatformError(
+                    f"CoreDNS did not become available in 120s; see `kubectl -n {cluster_addons.DNS_NAMESPACE} "
+                    f"describe pods -l k8s-app=kube-dns` and the kubelet logs in {self.log_dir}") from None
+        say(f"  DNS: CoreDNS {replicas} replica(s) available at {realnode.CLUSTER_DNS} "
+            f"({format_seconds(time.monotonic() - started)})")
 
     def _kubelet(self) -> Path | None:
         try:
@@ -468,7 +568,8 @@ class LocalPlatform:
 
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
-        stopped = realnode.stop_nodes(self.state, self.run_dir, say)
+        stopped = realnode.stop_nodes(self.state, self.run_dir, say,
+                                      extra_processes=(cluster_addons.KUBE_PROXY_PROCESS,))
         names = list(reversed(PROCESS_PORTS))
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:
@@ -484,6 +585,8 @@ class LocalPlatform:
                  if name not in HOST_CONTROLLERS or name in self.config.host_controllers]
         for node in realnode.node_dirs(self.state):
             names += [f"containerd-{node.name}", f"kubelet-{node.name}"]
+        if self.config.profile == "cluster":
+            names.append(cluster_addons.KUBE_PROXY_PROCESS)
         if realnode.node_dirs(self.state):
             names.append(realnode.GATEWAY_PROCESS)
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
