@@ -80,6 +80,11 @@ def _image_build(args: argparse.Namespace) -> int:
     from .local import images, realnode
 
     built = images.build_operator_image(toolchain.ensure(), python_host=images.ambient_python_host())
+    if args.push:  # the way users ship it: through the registry, pulled by the nodes
+        repository, tag = built.name.rsplit(":", 1)
+        platform = LocalPlatform(PlatformConfig(state_dir=args.state_dir))
+        print(platform.push_image(built, repository.rsplit("/", 1)[-1], tag))
+        return 0
     nodes = [realnode.load_node(d) for d in realnode.node_dirs(args.state_dir) if (d / "node.json").exists()]
     for node in nodes:
         images.load_image(built, node.containerd_socket)
@@ -216,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "real node, print its name")
     image_build.add_argument("--state-dir", type=Path, default=default_state_dir(),
                              help="the local platform whose real nodes get the image (default: %(default)s)")
+    image_build.add_argument("--push", action="store_true",
+                             help="push it to the platform's registry (the cluster profile's) instead, and print "
+                                  "the name pods pull it by")
     image_build.set_defaults(handler=_image_build)
 
     stack_options = _stack_options()

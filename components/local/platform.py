@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from . import cluster_addons, processes, realnode, toolchain as toolchains
+from . import cluster_addons, processes, realnode, registry, toolchain as toolchains
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
 from ..flux_tenancy import LOCKDOWN_FLAGS
@@ -446,17 +446,17 @@ class LocalPlatform:
         gateway = HostProcess(realnode.GATEWAY_PROCESS, [
             sys.executable, "-m", "strata_components.local.gateway", *(f"--forward={f}" for f in forwards)])
         self._start_and_wait(gateway, lambda: not processes.port_is_free(443, realnode.SERVICE_ADDRESS))
-        dns_image = self._coredns_image(say) if cluster else None
-        images = [pause, *([dns_image] if dns_image else [])]
+        registry_port = self._start_registry(say) if cluster else None
+        dns_image = self._push_coredns_image(say) if cluster else None
         for index in range(self.config.real_node_count):
             node = realnode.prepare_node(self.state, index, self.pki,
                                          lambda stem: self._client_kubeconfig(ports, stem),
-                                         cluster_dns=realnode.CLUSTER_DNS if cluster else None)
+                                         cluster_dns=realnode.CLUSTER_DNS if cluster else None,
+                                         registry_port=registry_port)
             self._start_and_wait(realnode.containerd_process(node), lambda node=node: subprocess_ok(
                 ["ctr", "--address", str(node.containerd_socket), "version"]))
             try:
-                for image in images:
-                    load_image(image, node.containerd_socket)
+                load_image(pause, node.containerd_socket)  # the sandbox image: every node has it before any pull
             except ImageError as error:
                 raise PlatformError(f"real node {node.name}: {error}") from None
             self._start_and_wait(realnode.kubelet_process(node, self._kubelet()),
@@ -466,14 +466,47 @@ class LocalPlatform:
             f"{format_seconds(time.monotonic() - started)})")
         if cluster:
             self._start_service_networking(ports, say)
-            self._start_cluster_dns(dns_image.name, say)
+            self._start_cluster_dns(dns_image, say)
 
-    def _coredns_image(self, say: Say):
+    def registry_host(self) -> str:
+        """HOST:PORT of the cluster profile's registry (see registry.py)."""
+        path = self.state / "nodes" / "registry.json"
+        if not path.exists():
+            raise PlatformError(f"the platform in {self.state} has no registry; fix: strata local up --profile cluster")
+        return registry.registry_host(json.loads(path.read_text())["port"])
+
+    def _start_registry(self, say: Say) -> int:
+        """The registry on the bridge address (ports picked once, kept in nodes/registry.json)."""
+        path = self.state / "nodes" / "registry.json"
+        if not path.exists():
+            path.write_text(json.dumps({"port": processes.free_ports(1, realnode.NODE_ADDRESS)[0]}))
+        ports = json.loads(path.read_text())
+        self._check_port_free(ports["port"], registry.PROCESS, path, realnode.NODE_ADDRESS)
+        config = self.state / "nodes" / "registry.yaml"
+        config.write_text(yaml.safe_dump(registry.build_registry_config(self.state / "registry", ports["port"])))
+        started = time.monotonic()
+        self._start_and_wait(registry.registry_process(self.toolchain.bin("registry"), config),
+                             lambda: http_ok(f"http://{registry.registry_host(ports['port'])}/v2/"))
+        say(f"  registry: ready at {registry.registry_host(ports['port'])} "
+            f"({format_seconds(time.monotonic() - started)})")
+        return ports["port"]
+
+    def push_image(self, archive, repository: str, tag: str) -> str:
+        """Push an image archive to the platform's registry as REPOSITORY:TAG; returns the full reference."""
+        reference = f"{self.registry_host()}/{repository}:{tag}"
+        try:
+            registry.push(archive.path, reference)
+        except registry.RegistryError as error:
+            raise PlatformError(str(error)) from None
+        return reference
+
+    def _push_coredns_image(self, say: Say) -> str:
         from .images import build_binary_image
 
         version = toolchains.load_specs()["coredns"].version
-        return build_binary_image(self.toolchain.bin("coredns"), "strata.local/coredns", version,
-                                  user=cluster_addons.DNS_USER, say=say)
+        image = build_binary_image(self.toolchain.bin("coredns"), "strata.local/coredns", version,
+                                   user=cluster_addons.DNS_USER, say=say)
+        return self.push_image(image, "coredns/coredns", version)
 
     def _kube_proxy_ports(self) -> dict[str, int]:
         path = self.state / "nodes" / "kube-proxy.json"
@@ -497,16 +530,18 @@ class LocalPlatform:
         config.write_text(yaml.safe_dump(cluster_addons.build_kube_proxy_config(
             kubeconfig=kubeconfig, hostname="real-0", health_port=proxy_ports["health"],
             metrics_port=proxy_ports["metrics"])))
-        self._check_port_free(proxy_ports["health"], cluster_addons.KUBE_PROXY_PROCESS)
+        for port in proxy_ports.values():
+            self._check_port_free(port, cluster_addons.KUBE_PROXY_PROCESS, self.state / "nodes" / "kube-proxy.json")
         self._start_and_wait(HostProcess(cluster_addons.KUBE_PROXY_PROCESS, [
             str(self.toolchain.bin("kube-proxy")), f"--config={config}", "--v=1"]),
             lambda: http_ok(f"http://127.0.0.1:{proxy_ports['health']}/healthz"))
         say(f"  kube-proxy: ready, iptables mode ({format_seconds(time.monotonic() - started)})")
 
-    def _check_port_free(self, port: int, component: str) -> None:
-        if processes.running_pid(self.run_dir, component) is None and not processes.port_is_free(port):
-            raise PlatformError(f"port {port} ({component}) is already in use on 127.0.0.1; fix: stop that "
-                                f"program, or delete {self.state / 'nodes' / (component + '.json')} to pick new ports")
+    def _check_port_free(self, port: int, component: str, record: Path, host: str = "127.0.0.1") -> None:
+        """A port of a component that is not running must be free, else one error naming it and the fix."""
+        if processes.running_pid(self.run_dir, component) is None and not processes.port_is_free(port, host):
+            raise PlatformError(f"port {port} ({component}) is already in use on {host}; fix: stop that "
+                                f"program, or delete {record} to pick new ports")
 
     def _start_cluster_dns(self, image: str, say: Say) -> None:
         from kubernetes import client
@@ -569,7 +604,7 @@ class LocalPlatform:
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
         stopped = realnode.stop_nodes(self.state, self.run_dir, say,
-                                      extra_processes=(cluster_addons.KUBE_PROXY_PROCESS,))
+                                      extra_processes=(cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS))
         names = list(reversed(PROCESS_PORTS))
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:
@@ -586,7 +621,7 @@ class LocalPlatform:
         for node in realnode.node_dirs(self.state):
             names += [f"containerd-{node.name}", f"kubelet-{node.name}"]
         if self.config.profile == "cluster":
-            names.append(cluster_addons.KUBE_PROXY_PROCESS)
+            names += [cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS]
         if realnode.node_dirs(self.state):
             names.append(realnode.GATEWAY_PROCESS)
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}

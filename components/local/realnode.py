@@ -130,6 +130,11 @@ class RealNode:
         return self.runtime_dir / "containerd.sock"
 
     @property
+    def certs_dir(self) -> Path:
+        """containerd's registry host configuration, one directory per registry."""
+        return self.directory / "certs.d"
+
+    @property
     def cgroup_root(self) -> str:
         return f"/strata-{self.name}"
 
@@ -154,6 +159,8 @@ def build_containerd_config(node: RealNode) -> str:
         # Without CAP_SYS_RESOURCE (VMs like this one) every sandbox fails with "can't get final
         # child's PID from pipe" unless containerd keeps oom_score_adj within what it may set.
         "  restrict_oom_score_adj = true",
+        # Registry host configuration (hosts.toml per registry): the cluster profile's registry, in plain HTTP.
+        f"[{cri}.registry]", f'  config_path = "{node.certs_dir}"',
         f"[{cri}.cni]", f'  bin_dir = "{CNI_BIN_DIR}"', f'  conf_dir = "{node.directory / "cni"}"',
         f"[{cri}.containerd.runtimes.runc]", '  runtime_type = "io.containerd.runc.v2"',
         f"[{cri}.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
@@ -400,7 +407,8 @@ def load_node(directory: Path) -> RealNode:
                     kubelet_port=record["kubelet_port"], healthz_port=record["healthz_port"])
 
 
-def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder, cluster_dns: str | None = None) -> RealNode:
+def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder, cluster_dns: str | None = None,
+                 registry_port: int | None = None) -> RealNode:
     """The node's directory, configs and client certificate (ports allocated once, kept in node.json)."""
     name = f"real-{index}"
     directory = state / "nodes" / name
@@ -417,6 +425,11 @@ def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder, cluster
     write_private(directory / "kubeconfig", kubeconfig_builder(f"node-{name}"))
     (directory / "containerd.toml").write_text(build_containerd_config(node))
     (directory / "kubelet.yaml").write_text(yaml.safe_dump(build_kubelet_config(node, pki / "ca.crt", cluster_dns)))
+    node.certs_dir.mkdir(exist_ok=True)
+    if registry_port is not None:
+        from .registry import write_containerd_hosts
+
+        write_containerd_hosts(node.certs_dir, registry_port)
     (directory / "cni").mkdir(exist_ok=True)
     (directory / "cni" / "10-strata.conflist").write_text(json.dumps(build_cni_config(node), indent=1))
     node.runtime_dir.mkdir(parents=True, exist_ok=True)

@@ -1,18 +1,15 @@
 """Nodes like a cluster's: pods on either real node find Services by name (CoreDNS) and reach them across
-nodes (kube-proxy), the `kubernetes` Service included; `down` undoes what kube-proxy changed on the host."""
+nodes (kube-proxy), the `kubernetes` Service included."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 from kubernetes import client
 
 from strata_components.local import cluster_addons, processes, realnode
-from strata_components.local.platform import LocalPlatform
 
-from .conftest import on_node
+from .conftest import on_node, wait_phase
 
 # Resolves names through the pod's resolv.conf (the cluster DNS), then calls the Service by its short name
 # and the apiserver by its Service name with TLS verified against that name.
@@ -30,18 +27,6 @@ print("RESULT " + json.dumps({"resolved": resolved, "body": body, "version": ver
                               "resolv": open("/etc/resolv.conf").read()}))
 """
 SERVER = "import os, http.server; os.makedirs('/tmp/s', exist_ok=True); open('/tmp/s/who', 'w').write(os.environ['NODE']); os.chdir('/tmp/s'); http.server.test(http.server.SimpleHTTPRequestHandler, port=8080, bind='0.0.0.0')"
-
-
-def _wait_phase(core: client.CoreV1Api, namespace: str, name: str, phases: set[str], timeout: float = 120):
-    def phase():
-        pod = core.read_namespaced_pod(name, namespace)
-        return pod if pod.status.phase in phases else None
-
-    try:
-        return processes.wait_until(phase, timeout, f"pod {name} in {sorted(phases)}")
-    except processes.ProcessError:
-        pod = core.read_namespaced_pod(name, namespace)
-        raise AssertionError(f"pod {name}: phase {pod.status.phase}, {pod.status.container_statuses}") from None
 
 
 def test_coredns_runs_on_every_real_node_behind_kube_dns(kube_client, nodes):
@@ -63,12 +48,12 @@ def test_a_pod_on_either_node_resolves_names_and_reaches_a_service_backed_on_the
     server_node = nodes[-1].name
     core.create_namespaced_pod(namespace, {"metadata": {"name": "web", "labels": {"app": "web"}},
                                            "spec": on_node(server_node, containers=[{
-        "name": "main", "image": python_image.name, "imagePullPolicy": "Never",
+        "name": "main", "image": python_image,
         "command": ["python3", "-c", SERVER], "env": [{"name": "NODE", "value": server_node}],
         "readinessProbe": {"httpGet": {"path": "/who", "port": 8080}, "periodSeconds": 1}}])})
     service = core.create_namespaced_service(namespace, {"metadata": {"name": "web"}, "spec": {
         "selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": 8080}]}})
-    _wait_phase(core, namespace, "web", {"Running"})
+    wait_phase(core, namespace, "web", {"Running"})
     processes.wait_until(lambda: all(c.ready for c in core.read_namespaced_pod("web", namespace).status
                                      .container_statuses or []), 60, "web ready")
 
@@ -76,9 +61,9 @@ def test_a_pod_on_either_node_resolves_names_and_reaches_a_service_backed_on_the
         name = f"client-{node.name}"
         core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": on_node(
             node.name, restartPolicy="Never", containers=[{
-                "name": "main", "image": python_image.name, "imagePullPolicy": "Never",
+                "name": "main", "image": python_image,
                 "command": ["python3", "-c", CLIENT]}])})
-        pod = _wait_phase(core, namespace, name, {"Succeeded", "Failed"})
+        pod = wait_phase(core, namespace, name, {"Succeeded", "Failed"})
         log = core.read_namespaced_pod_log(name, namespace)
         assert pod.status.phase == "Succeeded", log
         assert pod.spec.node_name == node.name
@@ -90,28 +75,3 @@ def test_a_pod_on_either_node_resolves_names_and_reaches_a_service_backed_on_the
         assert result["version"].startswith("v1.34")
         assert f"nameserver {realnode.CLUSTER_DNS}" in result["resolv"]
         assert f"search {namespace}.svc.cluster.local svc.cluster.local cluster.local" in result["resolv"]
-
-
-def _host_view() -> dict:
-    return {
-        "sysctls": {name: realnode._read_sysctl(name) for name in realnode.RECORDED_SYSCTLS},
-        "bridge": Path(f"/sys/class/net/{realnode.BRIDGE}").exists(),
-        **{binary: realnode._iptables_chains(binary) for binary in realnode.IPTABLES},
-        "processes": subprocess.run(["pgrep", "-f", "kube-proxy|kubelet|/run/strata/"], capture_output=True,
-                                    text=True, check=False).stdout.split(),
-    }
-
-
-def test_down_undoes_what_service_networking_changed_on_the_host(platform: LocalPlatform):
-    record = json.loads((platform.state / "nodes" / "host.json").read_text())
-    running = _host_view()
-    assert running["sysctls"][realnode.FORWARDING_SYSCTL] == "1"
-    assert "KUBE-SERVICES" in running["iptables"]["nat"], running["iptables"]
-
-    platform.down(say=print)
-    try:
-        assert _host_view() == {"sysctls": record["sysctls"], "bridge": False, "iptables": record["iptables"],
-                                "ip6tables": record["ip6tables"], "processes": []}
-        assert not (platform.state / "nodes" / "host.json").exists()
-    finally:
-        platform.up(say=print)  # the session's platform, for whatever runs after

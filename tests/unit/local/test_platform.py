@@ -98,7 +98,7 @@ def test_a_taken_kube_proxy_port_is_one_error_naming_the_port_and_the_fix(tmp_pa
         holder.listen()
         port = holder.getsockname()[1]
         with pytest.raises(PlatformError) as error:
-            platform._check_port_free(port, "kube-proxy")
+            platform._check_port_free(port, "kube-proxy", tmp_path / "nodes" / "kube-proxy.json")
     message = str(error.value)
-    assert f"port {port} (kube-proxy) is already in use" in message
+    assert f"port {port} (kube-proxy) is already in use on 127.0.0.1" in message
     assert str(tmp_path / "nodes" / "kube-proxy.json") in message and "\n" not in message
