@@ -55,6 +55,13 @@ def _local_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_bucket(args: argparse.Namespace) -> int:
+    platform = _platform(args)
+    platform.create_bucket(args.name)
+    print(platform.s3_backend_url(args.name))
+    return 0
+
+
 def _local_toolchain(args: argparse.Namespace) -> int:
     return toolchain.main([*args.names, *(arg for name in args.rebuild for arg in ("--rebuild", name))])
 
@@ -191,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      ("status", _local_status, "which processes run"),
                                      ("env", _local_env, "KUBECONFIG and PATH exports for a shell")):
         local_actions.add_parser(name, parents=[local_options], help=help_text).set_defaults(handler=handler)
+    bucket = local_actions.add_parser("bucket", parents=[local_options],
+                                      help="create a bucket in the cluster profile's object store; print its s3:// backend URL")
+    bucket.add_argument("name", help="the bucket (S3 naming rules)")
+    bucket.set_defaults(handler=_local_bucket)
     tools = local_actions.add_parser("toolchain", help="build the Go toolchain into the cache")
     tools.add_argument("names", nargs="*", help="tools to build (default: those every platform uses)")
     tools.add_argument("--rebuild", action="append", default=[], help="rebuild this tool even if cached")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from . import cluster_addons, processes, realnode, registry, toolchain as toolchains
+from . import cluster_addons, objectstore, processes, realnode, registry, toolchain as toolchains
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
 from ..flux_tenancy import LOCKDOWN_FLAGS
@@ -447,6 +447,8 @@ class LocalPlatform:
             sys.executable, "-m", "strata_components.local.gateway", *(f"--forward={f}" for f in forwards)])
         self._start_and_wait(gateway, lambda: not processes.port_is_free(443, realnode.SERVICE_ADDRESS))
         registry_port = self._start_registry(say) if cluster else None
+        if cluster:
+            self._start_object_store(say)
         dns_image = self._push_coredns_image(say) if cluster else None
         for index in range(self.config.real_node_count):
             node = realnode.prepare_node(self.state, index, self.pki,
@@ -490,6 +492,44 @@ class LocalPlatform:
         say(f"  registry: ready at {registry.registry_host(ports['port'])} "
             f"({format_seconds(time.monotonic() - started)})")
         return ports["port"]
+
+    @property
+    def object_store_credentials(self) -> Path:
+        """The object store's AWS shared-credentials file (0600; AWS_SHARED_CREDENTIALS_FILE points clients at it)."""
+        return self.state / "objectstore" / "credentials"
+
+    def object_store_port(self) -> int:
+        path = self.state / "nodes" / "object-store.json"
+        if not path.exists():
+            raise PlatformError(f"the platform in {self.state} has no object store; fix: strata local up --profile cluster")
+        return json.loads(path.read_text())["port"]
+
+    def s3_backend_url(self, bucket: str = objectstore.DEFAULT_BUCKET) -> str:
+        """Pulumi's backend URL for a bucket of the platform's object store."""
+        return objectstore.backend_url(self.object_store_port(), bucket)
+
+    def create_bucket(self, bucket: str) -> None:
+        try:
+            objectstore.ensure_bucket(self.object_store_port(), bucket,
+                                      objectstore.read_credentials(self.object_store_credentials))
+        except objectstore.ObjectStoreError as error:
+            raise PlatformError(str(error)) from None
+
+    def _start_object_store(self, say: Say) -> None:
+        """MinIO on the bridge address, its credentials generated once (never in argv or a log)."""
+        path = self.state / "nodes" / "object-store.json"
+        if not path.exists():
+            path.write_text(json.dumps({"port": processes.free_ports(1, realnode.NODE_ADDRESS)[0]}))
+        port = json.loads(path.read_text())["port"]
+        self._check_port_free(port, objectstore.PROCESS, path, realnode.NODE_ADDRESS)
+        credentials = objectstore.ensure_credentials(self.object_store_credentials)
+        started = time.monotonic()
+        self._start_and_wait(objectstore.object_store_process(
+            self.toolchain.bin("minio"), self.state / "objectstore" / "data", port, credentials),
+            lambda: http_ok(f"{objectstore.endpoint(port)}/minio/health/ready"))
+        self.create_bucket(objectstore.DEFAULT_BUCKET)
+        say(f"  object store: ready at {objectstore.endpoint(port)}, bucket {objectstore.DEFAULT_BUCKET} "
+            f"({format_seconds(time.monotonic() - started)}); credentials in {self.object_store_credentials}")
 
     def push_image(self, archive, repository: str, tag: str) -> str:
         """Push an image archive to the platform's registry as REPOSITORY:TAG; returns the full reference."""
@@ -604,7 +644,8 @@ class LocalPlatform:
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
         stopped = realnode.stop_nodes(self.state, self.run_dir, say,
-                                      extra_processes=(cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS))
+                                      extra_processes=(cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS,
+                                                       objectstore.PROCESS))
         names = list(reversed(PROCESS_PORTS))
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:
@@ -621,7 +662,7 @@ class LocalPlatform:
         for node in realnode.node_dirs(self.state):
             names += [f"containerd-{node.name}", f"kubelet-{node.name}"]
         if self.config.profile == "cluster":
-            names += [cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS]
+            names += [cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS, objectstore.PROCESS]
         if realnode.node_dirs(self.state):
             names.append(realnode.GATEWAY_PROCESS)
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
@@ -657,4 +698,8 @@ class LocalPlatform:
     def shell_env(self) -> dict[str, str]:
         """KUBECONFIG and a PATH with the toolchain's binaries first, for `strata local env`."""
         path = os.pathsep.join([*(str(d) for d in self.toolchain.bin_dirs), os.environ.get("PATH", "")])
-        return {"KUBECONFIG": str(self.kubeconfig_path), "PATH": path}
+        env = {"KUBECONFIG": str(self.kubeconfig_path), "PATH": path}
+        if self.config.profile == "cluster":  # the object store's credentials by file: never printed
+            env.update({"AWS_SHARED_CREDENTIALS_FILE": str(self.object_store_credentials), "AWS_REGION": objectstore.REGION,
+                        "STRATA_S3_BACKEND": self.s3_backend_url()})
+        return env

@@ -190,9 +190,9 @@ def test_phases_read_as_one_line_per_entry():
 def test_profile_tools_are_built_on_that_profiles_first_use_not_by_make_setup():
     specs = load_specs()
     defaults = toolchain.default_tools(specs)
-    assert not {"kube-proxy", "coredns", "registry"} & set(defaults)
+    assert not {"kube-proxy", "coredns", "registry", "minio"} & set(defaults)
     assert {"kubernetes", "etcd", "kwok", "pulumi"} <= set(defaults)
-    assert {"kube-proxy", "coredns", "registry", *defaults} == set(toolchain.profile_tools("cluster", specs))
+    assert {"kube-proxy", "coredns", "registry", "minio", *defaults} == set(toolchain.profile_tools("cluster", specs))
     assert toolchain.profile_tools("dev", specs) == defaults
 
 
