@@ -57,6 +57,9 @@ KUBECONFIG_CLUSTER = "strata-local"
 # product in it: at least two real nodes with kube-proxy and CoreDNS (cluster_addons.py).
 PROFILES = ("dev", "cluster")
 CLUSTER_PROFILE_MIN_REAL_NODES = 2
+FLUX_IMAGE_PREFIX = "fluxcd"  # upstream's ghcr.io/fluxcd/<controller>, so `--registry <registry>/fluxcd` works
+FLUX_USER = 65534  # upstream's images run as nobody
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 class PlatformError(Exception):
@@ -450,6 +453,8 @@ class LocalPlatform:
         if cluster:
             self._start_object_store(say)
         dns_image = self._push_coredns_image(say) if cluster else None
+        if cluster:
+            self._push_flux_images(say)
         for index in range(self.config.real_node_count):
             node = realnode.prepare_node(self.state, index, self.pki,
                                          lambda stem: self._client_kubeconfig(ports, stem),
@@ -539,6 +544,25 @@ class LocalPlatform:
         except registry.RegistryError as error:
             raise PlatformError(str(error)) from None
         return reference
+
+    def flux_registry(self) -> str:
+        """What Flux's air-gapped install takes as `--registry`: its controllers' images are there."""
+        return f"{self.registry_host()}/{FLUX_IMAGE_PREFIX}"
+
+    def _push_flux_images(self, say: Say) -> None:
+        """Flux's controller images from the toolchain's binaries, as upstream ships them (static binary,
+        non-root, CA bundle for HTTPS sources), pushed as <registry>/fluxcd/<controller>:<version>."""
+        from .images import build_binary_image
+
+        started = time.monotonic()
+        specs = toolchains.load_specs()
+        for controller in HOST_CONTROLLERS:
+            image = build_binary_image(self.toolchain.bin(controller), f"strata.local/{FLUX_IMAGE_PREFIX}/{controller}",
+                                       specs[controller].version, user=FLUX_USER, files={CA_BUNDLE: Path(CA_BUNDLE)},
+                                       say=say)
+            self.push_image(image, f"{FLUX_IMAGE_PREFIX}/{controller}", specs[controller].version)
+        say(f"  Flux images: {', '.join(HOST_CONTROLLERS)} in {self.flux_registry()} "
+            f"({format_seconds(time.monotonic() - started)})")
 
     def _push_coredns_image(self, say: Say) -> str:
         from .images import build_binary_image

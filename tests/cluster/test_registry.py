@@ -54,3 +54,24 @@ def test_an_image_missing_from_the_registry_is_named_in_the_pods_events(platform
     assert any("not found" in message for message in messages), messages
     (status,) = core.read_namespaced_pod("missing", namespace).status.container_statuses
     assert status.state.waiting.reason in ("ErrImagePull", "ImagePullBackOff")
+
+
+def test_fluxs_controller_images_are_in_the_registry_where_an_air_gapped_install_expects_them(
+        platform, kube_client, namespace, nodes):
+    from strata_components.local.platform import HOST_CONTROLLERS
+    from strata_components.local.toolchain import load_specs
+
+    specs = load_specs()
+    references = {c: f"{platform.flux_registry()}/{c}:{specs[c].version}" for c in HOST_CONTROLLERS}
+    assert platform.flux_registry() == f"{platform.registry_host()}/fluxcd"
+    assert all(registry.manifest_exists(reference) for reference in references.values()), references
+    # Static binary, non-root: runs with runAsNonRoot and nothing but what the image holds.
+    core = client.CoreV1Api(kube_client)
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "source-controller"}, "spec": on_node(
+        nodes[-1].name, restartPolicy="Never",
+        securityContext={"runAsNonRoot": True},
+        containers=[{"name": "manager", "image": references["source-controller"], "args": ["--help"]}])})
+    pod = wait_phase(core, namespace, "source-controller", {"Succeeded", "Failed"}, timeout=180)
+    log = core.read_namespaced_pod_log("source-controller", namespace)
+    assert pod.status.phase == "Succeeded", log
+    assert "--storage-path" in log

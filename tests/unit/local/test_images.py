@@ -60,3 +60,22 @@ def test_a_binary_image_holds_the_binary_alone_run_by_a_numeric_non_root_user(tm
     assert build_binary_image(binary, "strata.local/coredns", "v1.15.0").path == image.path
     binary.write_bytes(b"\x7fELF other!")
     assert build_binary_image(binary, "strata.local/coredns", "v1.15.0", say=lambda _line: None).path != image.path
+
+
+def test_a_binary_image_carries_the_extra_files_it_is_given_owned_by_root(tmp_path, monkeypatch):
+    from strata_components.local.images import build_binary_image
+
+    monkeypatch.setenv("STRATA_CACHE", str(tmp_path / "cache"))
+    binary, bundle = tmp_path / "source-controller", tmp_path / "ca.crt"
+    binary.write_bytes(b"\x7fELF flux")
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    image = build_binary_image(binary, "strata.local/fluxcd/source-controller", "v1.9.6", user=65534,
+                               files={"/etc/ssl/certs/ca-certificates.crt": bundle}, say=lambda _line: None)
+    with tarfile.open(image.path) as archive:
+        blobs = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.name.startswith("blobs/")}
+    (layer,) = [data for data in blobs.values() if data[257:262] == b"ustar"]
+    with tarfile.open(fileobj=__import__("io").BytesIO(layer)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert set(members) == {"source-controller", "etc/ssl/certs/ca-certificates.crt"}
+    assert all(m.uid == 0 for m in members.values())
+    assert any(b'"User":"65534:65534"' in data.replace(b" ", b"") for data in blobs.values())
