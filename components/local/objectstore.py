@@ -60,11 +60,13 @@ def read_credentials(path: Path) -> tuple[str, str]:
     return section["aws_access_key_id"], section["aws_secret_access_key"]
 
 
-def object_store_process(binary: Path, data: Path, port: int, credentials: tuple[str, str]) -> HostProcess:
+def object_store_process(binary: Path, directory: Path, port: int, credentials: tuple[str, str]) -> HostProcess:
+    """MinIO keeping everything under `directory` (data/, certs/: not ~/.minio), credentials in its environment."""
     access_key, secret_key = credentials
-    return HostProcess(PROCESS, [str(binary), "server", str(data), f"--address={NODE_ADDRESS}:{port}", "--quiet"],
+    return HostProcess(PROCESS, [str(binary), "server", str(directory / "data"), f"--address={NODE_ADDRESS}:{port}",
+                                 f"--certs-dir={directory / 'certs'}", "--quiet"],
                        env={"MINIO_ROOT_USER": access_key, "MINIO_ROOT_PASSWORD": secret_key,
-                            "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "MINIO_REGION": REGION})
+                            "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "MINIO_CALLHOME_ENABLE": "off"})
 
 
 def _sign(method: str, host: str, path: str, credentials: tuple[str, str], now: datetime.datetime,

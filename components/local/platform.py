@@ -449,11 +449,11 @@ class LocalPlatform:
         gateway = HostProcess(realnode.GATEWAY_PROCESS, [
             sys.executable, "-m", "strata_components.local.gateway", *(f"--forward={f}" for f in forwards)])
         self._start_and_wait(gateway, lambda: not processes.port_is_free(443, realnode.SERVICE_ADDRESS))
-        registry_port = self._start_registry(say) if cluster else None
-        if cluster:
+        registry_port, dns_image = None, None
+        if cluster:  # before the nodes: their containerd pulls CoreDNS from the registry
+            registry_port = self._start_registry(say)
             self._start_object_store(say)
-        dns_image = self._push_coredns_image(say) if cluster else None
-        if cluster:
+            dns_image = self._push_coredns_image(say)
             self._push_flux_images(say)
         for index in range(self.config.real_node_count):
             node = realnode.prepare_node(self.state, index, self.pki,
@@ -530,7 +530,7 @@ class LocalPlatform:
         credentials = objectstore.ensure_credentials(self.object_store_credentials)
         started = time.monotonic()
         self._start_and_wait(objectstore.object_store_process(
-            self.toolchain.bin("minio"), self.state / "objectstore" / "data", port, credentials),
+            self.toolchain.bin("minio"), self.state / "objectstore", port, credentials),
             lambda: http_ok(f"{objectstore.endpoint(port)}/minio/health/ready"))
         self.create_bucket(objectstore.DEFAULT_BUCKET)
         say(f"  object store: ready at {objectstore.endpoint(port)}, bucket {objectstore.DEFAULT_BUCKET} "

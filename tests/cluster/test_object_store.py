@@ -65,7 +65,9 @@ def test_wrong_credentials_and_a_missing_bucket_are_named(platform, pulumi_env, 
     (tmp_path / "p").mkdir()
     cwd, _ = _project(tmp_path / "p", "nowhere")
     refused = _pulumi(_s3_env(pulumi_env, platform, wrong), cwd, "stack", "init", "dev")
-    assert refused.returncode != 0 and "SignatureDoesNotMatch" in refused.stderr, refused.stderr
+    # Pulumi checks the bucket with HeadBucket, whose answer has no body: the status is all it can say.
+    assert refused.returncode != 0 and any(word in refused.stderr for word in ("SignatureDoesNotMatch", "Forbidden",
+                                                                                "403")), refused.stderr
 
     with pytest.raises(objectstore.ObjectStoreError, match=r"bucket 'no-such-bucket' does not exist .*fix: create it "
                                                           r"\(strata local bucket no-such-bucket\)"):
@@ -73,7 +75,8 @@ def test_wrong_credentials_and_a_missing_bucket_are_named(platform, pulumi_env, 
                                  objectstore.read_credentials(platform.object_store_credentials))
     missing = _pulumi(_s3_env(pulumi_env, platform, platform.object_store_credentials, "no-such-bucket"), cwd,
                       "stack", "init", "dev")
-    assert missing.returncode != 0 and "NoSuchBucket" in missing.stderr, missing.stderr
+    assert missing.returncode != 0 and any(word in missing.stderr for word in ("NoSuchBucket", "NotFound", "404")), \
+        missing.stderr
 
 
 @pytest.fixture

@@ -21,12 +21,14 @@ def test_credentials_are_generated_once_per_platform_into_a_private_aws_credenti
 
 
 def test_minio_gets_its_credentials_in_its_environment_never_its_argv(tmp_path):
-    process = objectstore.object_store_process(tmp_path / "minio", tmp_path / "data", 39000, ("strata-ab12", "s3cr3t-XYZ"))
+    process = objectstore.object_store_process(tmp_path / "minio", tmp_path, 39000, ("strata-ab12", "s3cr3t-XYZ"))
     assert not any("s3cr3t" in arg or "strata-ab12" in arg for arg in process.argv)
     assert process.env["MINIO_ROOT_USER"] == "strata-ab12" and process.env["MINIO_ROOT_PASSWORD"] == "s3cr3t-XYZ"
     # --quiet: no startup banner, which would print the root credentials into the log.
     assert "--quiet" in process.argv and f"--address={realnode.NODE_ADDRESS}:39000" in process.argv
     assert process.env["MINIO_BROWSER"] == "off"
+    # Nothing in the user's home (~/.minio): data and certificates under the platform's directory.
+    assert process.argv[2] == str(tmp_path / "data") and f"--certs-dir={tmp_path / 'certs'}" in process.argv
 
 
 def test_the_backend_url_carries_the_options_pulumis_s3_backend_takes():
