@@ -28,7 +28,7 @@ KUBE_PROXY_PROCESS = "kube-proxy"
 DNS_NAMESPACE = "kube-system"
 DNS_NAME = "coredns"
 DNS_USER = 65532
-ENDPOINTS_MANAGER = "strata.dev/local-platform"
+ENDPOINTS_MANAGER = "strata-local-platform"  # a label value: no slash
 
 
 def build_kube_proxy_config(*, kubeconfig: Path, hostname: str, health_port: int, metrics_port: int) -> dict:

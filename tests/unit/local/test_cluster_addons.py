@@ -69,3 +69,12 @@ def test_kubelet_points_pods_at_the_cluster_dns_only_in_the_cluster_profile(tmp_
     assert "clusterDNS" not in realnode.build_kubelet_config(node, Path("/ca.crt"))
     config = realnode.build_kubelet_config(node, Path("/ca.crt"), realnode.CLUSTER_DNS)
     assert config["clusterDNS"] == ["10.96.0.10"] and config["clusterDomain"] == "cluster.local"
+
+
+def test_every_label_value_is_one_the_apiserver_accepts():
+    import re
+
+    valid = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+    objects = [cluster_addons.build_apiserver_endpoints(6443), *cluster_addons.build_coredns_objects("x:1", 2)]
+    values = [v for obj in objects for v in obj["metadata"].get("labels", {}).values()]
+    assert values and all(len(v) <= 63 and valid.fullmatch(v) for v in values), values
