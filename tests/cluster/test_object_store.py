@@ -48,7 +48,8 @@ def test_a_stack_with_an_s3_backend_runs_from_the_host(platform, pulumi_env, tmp
 
 def test_the_credentials_stay_out_of_process_listings_and_logs(platform):
     access_key, secret_key = objectstore.read_credentials(platform.object_store_credentials)
-    listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    # ww: whole command lines (ps cuts them at 80 columns otherwise, before MinIO's long path ends).
+    listing = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True, check=True).stdout
     assert "minio server" in listing and secret_key not in listing and access_key not in listing
     for log in platform.log_dir.glob("*.log"):
         assert secret_key not in log.read_text(errors="replace"), log

@@ -52,8 +52,14 @@ def test_an_image_missing_from_the_registry_is_named_in_the_pods_events(platform
 
     messages = processes.wait_until(failed_pull, 120, "a Failed event naming the missing image")
     assert any("not found" in message for message in messages), messages
-    (status,) = core.read_namespaced_pod("missing", namespace).status.container_statuses
-    assert status.state.waiting.reason in ("ErrImagePull", "ImagePullBackOff")
+
+    def waiting_reason():
+        (status,) = core.read_namespaced_pod("missing", namespace).status.container_statuses or [None]
+        reason = status.state.waiting.reason if status and status.state.waiting else None
+        return reason if reason in ("ErrImagePull", "ImagePullBackOff") else None
+
+    # The kubelet records the event before the container's status says why it waits.
+    processes.wait_until(waiting_reason, 30, "the container waiting on its image pull")
 
 
 def test_fluxs_controller_images_are_in_the_registry_where_an_air_gapped_install_expects_them(
