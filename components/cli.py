@@ -19,7 +19,8 @@ from pathlib import Path
 from . import backup, stackctl
 from .local import devstack, toolchain
 from .local.images import ImageError
-from .local.platform import DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
+from .local.platform import (CLUSTER_PROFILE_MIN_REAL_NODES, DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PROFILES,
+                             LocalPlatform, PlatformConfig, PlatformError, default_state_dir)
 from .local.processes import ProcessError
 
 
@@ -27,7 +28,7 @@ def _platform(args: argparse.Namespace) -> LocalPlatform:
     return LocalPlatform(PlatformConfig(
         state_dir=args.state_dir, nodes=args.nodes, real_nodes=args.real_nodes,
         host_controllers=tuple(args.controllers.split(",")) if args.controllers else (),
-        apiserver_port=args.apiserver_port,
+        apiserver_port=args.apiserver_port, profile=args.profile,
     ))
 
 
@@ -58,6 +59,13 @@ def _local_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local_bucket(args: argparse.Namespace) -> int:
+    platform = _platform(args)
+    platform.create_bucket(args.name)
+    print(platform.s3_backend_url(args.name))
+    return 0
+
+
 def _local_toolchain(args: argparse.Namespace) -> int:
     return toolchain.main([*args.names, *(arg for name in args.rebuild for arg in ("--rebuild", name))])
 
@@ -83,6 +91,11 @@ def _image_build(args: argparse.Namespace) -> int:
     from .local import images, realnode
 
     built = images.build_operator_image(toolchain.ensure(), python_host=images.ambient_python_host())
+    if args.push:  # the way users ship it: through the registry, pulled by the nodes
+        repository, tag = built.name.rsplit(":", 1)
+        platform = LocalPlatform(PlatformConfig(state_dir=args.state_dir))
+        print(platform.push_image(built, repository.rsplit("/", 1)[-1], tag))
+        return 0
     nodes = [realnode.load_node(d) for d in realnode.node_dirs(args.state_dir) if (d / "node.json").exists()]
     for node in nodes:
         images.load_image(built, node.containerd_socket)
@@ -188,6 +201,10 @@ def _local_options() -> argparse.ArgumentParser:
                               f"(default: {','.join(DEFAULT_HOST_CONTROLLERS)})")
     options.add_argument("--apiserver-port", type=int, default=argparse.SUPPRESS,
                          help="fixed kube-apiserver port (default: a free one)")
+    options.add_argument("--profile", choices=PROFILES, default=argparse.SUPPRESS,
+                         help=f"dev: kwok nodes; cluster: what a team's cluster has, at least "
+                              f"{CLUSTER_PROFILE_MIN_REAL_NODES} real nodes with kube-proxy and CoreDNS, its tools built "
+                              f"on first use (default: dev)")
     return options
 
 
@@ -200,7 +217,7 @@ def _dev_options() -> argparse.ArgumentParser:
     return options
 
 
-LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None}
+LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None, "profile": "dev"}
 DEV_DEFAULTS = {"project": None, "home": None}
 STACK_DEFAULTS = {"kubeconfig": None, "context": None, "namespace": None, "output": "table",
                   "all_namespaces": False, "timeout": "5m", "operator_state_dir": None}
@@ -219,8 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      ("status", _local_status, "which processes run"),
                                      ("env", _local_env, "KUBECONFIG and PATH exports for a shell")):
         local_actions.add_parser(name, parents=[local_options], help=help_text).set_defaults(handler=handler)
+    bucket = local_actions.add_parser("bucket", parents=[local_options],
+                                      help="create a bucket in the cluster profile's object store; print its s3:// backend URL")
+    bucket.add_argument("name", help="the bucket (S3 naming rules)")
+    bucket.set_defaults(handler=_local_bucket)
     tools = local_actions.add_parser("toolchain", help="build the Go toolchain into the cache")
-    tools.add_argument("names", nargs="*", help="tools to build (default: all)")
+    tools.add_argument("names", nargs="*", help="tools to build (default: those every platform uses)")
     tools.add_argument("--rebuild", action="append", default=[], help="rebuild this tool even if cached")
     tools.set_defaults(handler=_local_toolchain)
     local_actions.add_parser("host-packages", help="install (as root) or name the Debian packages real nodes need"
@@ -249,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "real node, print its name")
     image_build.add_argument("--state-dir", type=Path, default=default_state_dir(),
                              help="the local platform whose real nodes get the image (default: %(default)s)")
+    image_build.add_argument("--push", action="store_true",
+                             help="push it to the platform's registry (the cluster profile's) instead, and print "
+                                  "the name pods pull it by")
     image_build.set_defaults(handler=_image_build)
 
     stack_options = _stack_options()
