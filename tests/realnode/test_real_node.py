@@ -66,7 +66,7 @@ def test_workloads_without_the_toleration_stay_on_kwok(kube_client, namespace):
 def _host_view(node: realnode.RealNode) -> dict:
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     return {
-        "sysctls": {name: realnode._read_sysctl(name) for name in realnode.KUBELET_SYSCTLS},
+        "sysctls": {name: realnode._read_sysctl(name) for name in realnode.RECORDED_SYSCTLS},
         "bridge": Path(f"/sys/class/net/{realnode.BRIDGE}").exists(),
         "mounts": [m for m in mounts if m.startswith((str(node.directory), str(node.runtime_dir)))],
         "cgroups": [str(h) for h in Path("/sys/fs/cgroup").iterdir() if (h / node.cgroup_root.lstrip("/")).exists()],
