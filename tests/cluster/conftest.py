@@ -14,6 +14,8 @@ from strata_components.local.images import ambient_python_host, build_operator_i
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 from strata_components.local.toolchain import Toolchain
 
+from ..realnode.conftest import wait_phase  # noqa: F401 - this tier's tests take it from here
+
 
 @pytest.fixture(scope="session")
 def platform(toolchain: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
@@ -42,18 +44,3 @@ def on_node(name: str, **spec) -> dict:
     """A pod spec pinned to one real node."""
     return {"nodeSelector": {**realnode.NODE_LABEL, "kubernetes.io/hostname": name},
             "tolerations": [dict(realnode.TOLERATION)], **spec}
-
-
-def wait_phase(core, namespace: str, name: str, phases: set[str], timeout: float = 120):
-    """The pod once it reached one of `phases`, else an assertion naming where it stands."""
-    from strata_components.local import processes
-
-    def phase():
-        pod = core.read_namespaced_pod(name, namespace)
-        return pod if pod.status.phase in phases else None
-
-    try:
-        return processes.wait_until(phase, timeout, f"pod {name} in {sorted(phases)}")
-    except processes.ProcessError:
-        pod = core.read_namespaced_pod(name, namespace)
-        raise AssertionError(f"pod {name}: phase {pod.status.phase}, {pod.status.container_statuses}") from None
