@@ -18,9 +18,9 @@ from typing_extensions import NotRequired
 
 from .kube_objects import build_token_secret, create_object, object_key, token_from_secret_data
 from .kubeconfig import build_token_kubeconfig
-from .layers import PASSPHRASE_SECRET
+from .layers import PASSPHRASE_SECRET, this_stack
 from .stack import Stack, StackSpec
-from .team_entries import team_names
+from .team_entries import CREATED_BY_STACK, team_names
 
 READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
@@ -155,18 +155,28 @@ def build_team_objects(team: str, namespace: str | None = None,
     return objects
 
 
-def build_team_source(team: str, namespace: str, source: TeamSourceArgs) -> dict[str, Any]:
+def build_sync_metadata(team: str, namespace: str, created_by: str | None) -> dict[str, Any]:
+    """The metadata of the team's GitRepository and Kustomization; `created_by`: the fully qualified name
+    of the stack creating them, which they carry for whoever draws the layers (`strata console`)."""
+    metadata: dict[str, Any] = {"name": f"team-{team}", "namespace": namespace, "labels": {"strata.dev/team": team}}
+    if created_by:
+        metadata["annotations"] = {CREATED_BY_STACK: created_by}
+    return metadata
+
+
+def build_team_source(team: str, namespace: str, source: TeamSourceArgs,
+                      created_by: str | None = None) -> dict[str, Any]:
     """The Flux GitRepository holding the team's program."""
     spec: dict[str, Any] = {"url": source["url"], "interval": source.get("interval", "1m"),
                             "ref": {"branch": source.get("branch", "main")}}
     if "secret_name" in source:
         spec["secretRef"] = {"name": source["secret_name"]}
     return {"apiVersion": FLUX_SOURCE_API, "kind": "GitRepository",
-            "metadata": {"name": f"team-{team}", "namespace": namespace, "labels": {"strata.dev/team": team}},
-            "spec": spec}
+            "metadata": build_sync_metadata(team, namespace, created_by), "spec": spec}
 
 
-def build_team_sync(team: str, namespace: str, service_account: str, sync: TeamSyncArgs) -> dict[str, Any]:
+def build_team_sync(team: str, namespace: str, service_account: str, sync: TeamSyncArgs,
+                    created_by: str | None = None) -> dict[str, Any]:
     """The team's Flux Kustomization: `sync.path` of the team's GitRepository, applied as the team's
     ServiceAccount. It prunes what leaves git and, when deleted, waits until what it pruned is gone (the
     operator destroys a Stack before its namespace goes)."""
@@ -177,8 +187,7 @@ def build_team_sync(team: str, namespace: str, service_account: str, sync: TeamS
     if sync.get("substitute"):
         spec["postBuild"] = {"substitute": dict(sync["substitute"])}
     return {"apiVersion": FLUX_KUSTOMIZE_API, "kind": "Kustomization",
-            "metadata": {"name": f"team-{team}", "namespace": namespace, "labels": {"strata.dev/team": team}},
-            "spec": spec}
+            "metadata": build_sync_metadata(team, namespace, created_by), "spec": spec}
 
 
 def build_team_stack_spec(team: str, service_account: str, stack: TeamStackArgs) -> StackSpec:
@@ -236,7 +245,8 @@ class TeamEnvironment(pulumi.ComponentResource):
                 cluster=args.get("cluster_name", "strata"), server=values[0], ca_data=values[1].get("ca.crt", ""),
                 user=names["service_account"], token=values[2], namespace=names["namespace"])))
         if "source" in args:
-            source = create_object(f"{name}-source", build_team_source(team, names["namespace"], args["source"]),
+            source = create_object(f"{name}-source",
+                                   build_team_source(team, names["namespace"], args["source"], this_stack()),
                                    pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                                        depends_on=[namespace_resource])))
             if "stack" in args:
@@ -246,7 +256,7 @@ class TeamEnvironment(pulumi.ComponentResource):
                           depends_on=[source, *created.values()])))
             if "sync" in args:
                 create_object(f"{name}-sync", build_team_sync(team, names["namespace"], names["service_account"],
-                                                              args["sync"]),
+                                                              args["sync"], this_stack()),
                               pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                                   depends_on=[source, *created.values()])))
         self.namespace = namespace_resource.metadata.name

@@ -1,6 +1,6 @@
 """The teams of a stack's config (`strata:teams`, and the platform layer's `teams`): each entry validated,
-its objects' names, and the directory of git its sync applies. Pure and light (no Pulumi import):
-`strata dev up` reads them too.
+its objects' names and the annotation naming the stack that made them, and the directory of git its sync
+applies. Pure and light (no Pulumi import): `strata dev up` and `strata console` read them too.
 """
 
 import re
@@ -9,6 +9,9 @@ from typing import Any
 
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# The fully qualified name of the stack whose program created a team's sync objects: the console draws
+# the edge from the Stack running that stack (the platform's) to them, which no Flux label records.
+CREATED_BY_STACK = "strata.dev/created-by-stack"
 
 
 def team_names(team: str, namespace: str | None = None) -> dict[str, str]:

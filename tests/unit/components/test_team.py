@@ -9,7 +9,7 @@ from strata_mocks import FAKE_CA, fake_token
 
 from strata_components.team import (TeamEnvironment, build_team_objects, build_team_rules, build_team_stack_spec,
                                     build_team_sync, build_viewer_rules)
-from strata_components.team_entries import team_names, validate_teams
+from strata_components.team_entries import CREATED_BY_STACK, team_names, validate_teams
 
 READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
@@ -89,7 +89,8 @@ def test_team_environment_graph_and_secret_kubeconfig(harness):
         team = TeamEnvironment("alpha", {"provider": provider, "team": "alpha", "server": "https://127.0.0.1:6443",
                                          "source": {"url": "http://127.0.0.1:9418/alpha.git"},
                                          "stack": {"stack": "organization/app/alpha", "dir": "programs/app-team",
-                                                   "backend": "file:///state"}})
+                                                   "backend": "file:///state"},
+                                         "sync": {"path": "clusters/dev/team-alpha"}})
         return {"kubeconfig": team.kubeconfig, "token": team.token, "namespace": team.namespace}
 
     out = harness.run(program)
@@ -123,6 +124,10 @@ def test_team_environment_graph_and_secret_kubeconfig(harness):
     assert source.urn in stack.dependencies and binding.urn in stack.dependencies
     assert stack.inputs["spec"]["serviceAccountName"] == "team-alpha"
     assert stack.inputs["spec"]["fluxSource"]["sourceRef"]["name"] == "team-alpha"
+    # The team's sync objects name the stack that created them (the harness runs organization/strata/dev).
+    sync = harness.one("kubernetes:kustomize.toolkit.fluxcd.io/v1:Kustomization")
+    for created in (source, sync):
+        assert created.inputs["metadata"]["annotations"] == {CREATED_BY_STACK: "organization/strata/dev"}
 
 
 @pytest.mark.parametrize("needs_source", [{"stack": {"stack": "s"}}, {"sync": {"path": "p"}}])
