@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import stackctl
+from ..team_entries import CREATED_BY_STACK
 
 SECRET = "[secret]"
 # Pulumi marks a secret property value with this key and value (resource.SecretSig) wherever it serializes one.
@@ -209,29 +210,50 @@ def _overview_row(kind: str, obj: Mapping[str, Any], now: datetime) -> OverviewR
                        commit, age, href)
 
 
+def stacks_by_name(stacks: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The key of the Stack running each fully qualified stack name (`spec.stack` with its project: a
+    bare name is ambiguous), the first one listed if several do."""
+    found: dict[str, str] = {}
+    for stack in stacks:
+        qualified = (stack.get("spec") or {}).get("stack", "")
+        if "/" in qualified:
+            found.setdefault(qualified, key("Stack", stack))
+    return found
+
+
+def creator(obj: Mapping[str, Any], by_stack_name: Mapping[str, str]) -> str | None:
+    """The key of the Stack whose program created `obj`, as the object's created-by annotation names it."""
+    return by_stack_name.get(((obj.get("metadata") or {}).get("annotations") or {}).get(CREATED_BY_STACK, ""))
+
+
+def source_key(reader: Mapping[str, Any]) -> str | None:
+    """The key of the Flux source a Kustomization (`spec.sourceRef`) or a Stack (`spec.fluxSource`) reads."""
+    spec = reader.get("spec") or {}
+    ref = spec.get("sourceRef") or (spec.get("fluxSource") or {}).get("sourceRef") or {}
+    if not ref.get("name"):
+        return None
+    # A Stack's source is always in its own namespace; a Kustomization's may name another.
+    namespace = (ref.get("namespace") if "sourceRef" in spec else None) or reader["metadata"].get("namespace", "")
+    return f"{ref.get('kind', '')}/{namespace}/{ref['name']}"
+
+
 def cared_for(objects: Mapping[str, Iterable[Mapping[str, Any]]]) -> dict[str, list[Mapping[str, Any]]]:
     """The objects Strata cares about: every Stack, Program and Workspace; the Kustomizations that applied
-    one of them and the Flux sources those Kustomizations or a Stack read."""
+    one of them or that a Stack created, and the Flux sources a Stack created or those Kustomizations or
+    a Stack read."""
     stacks = list(objects.get("Stack", ()))
     ours = [*stacks, *objects.get("Program", ()), *objects.get("Workspace", ())]
-    owners = {(labels.get(FLUX_NAMESPACE_LABEL), labels.get(FLUX_NAME_LABEL))
+    owners = {f"Kustomization/{labels.get(FLUX_NAMESPACE_LABEL)}/{labels[FLUX_NAME_LABEL]}"
               for labels in ((o.get("metadata") or {}).get("labels") or {} for o in ours) if labels.get(FLUX_NAME_LABEL)}
+    by_stack_name = stacks_by_name(stacks)
     kustomizations = [k for k in objects.get("Kustomization", ())
-                      if ((k.get("metadata") or {}).get("namespace"), (k.get("metadata") or {}).get("name")) in owners]
-    sources: set[tuple[str, str, str]] = set()
-    for k in kustomizations:
-        ref = (k.get("spec") or {}).get("sourceRef") or {}
-        sources.add((ref.get("kind", ""), ref.get("namespace") or k["metadata"]["namespace"], ref.get("name", "")))
-    for stack in stacks:
-        ref = ((stack.get("spec") or {}).get("fluxSource") or {}).get("sourceRef") or {}
-        if ref:
-            sources.add((ref.get("kind", ""), stack["metadata"]["namespace"], ref.get("name", "")))
+                      if key("Kustomization", k) in owners or creator(k, by_stack_name)]
+    sources = {source_key(reader) for reader in (*kustomizations, *stacks)}
     cared: dict[str, list[Mapping[str, Any]]] = {
         "Stack": stacks, "Program": list(objects.get("Program", ())), "Workspace": list(objects.get("Workspace", ())),
         "Kustomization": kustomizations}
     for kind in FLUX_SOURCES:
-        cared[kind] = [o for o in objects.get(kind, ())
-                       if (kind, o["metadata"].get("namespace"), o["metadata"].get("name")) in sources]
+        cared[kind] = [o for o in objects.get(kind, ()) if key(kind, o) in sources or creator(o, by_stack_name)]
     return cared
 
 
@@ -474,20 +496,40 @@ class Node:
 
     @property
     def subtitle(self) -> str:
-        return " · ".join(part for part in (self.kind, self.namespace[:14], self.state) if part)
+        # The namespace gives way to a long kind (GitRepository) so the line stays inside the box.
+        room = min(14, SUBTITLE_CHARS - len(self.kind) - len(self.state) - 6)
+        return " · ".join(part for part in (self.kind, self.namespace[:max(room, 4)], self.state) if part)
 
 
 @dataclasses.dataclass(frozen=True)
 class Edge:
     source: str
     target: str
-    why: str  # prerequisite, StackReference, outputs, Flux, owner, created
+    why: str  # prerequisite, StackReference, outputs, Flux, owner, created, source
+
+
+@dataclasses.dataclass(frozen=True)
+class Arrow:
+    edge: Edge
+    source: Node
+    target: Node
+
+    @property
+    def path(self) -> str:
+        """The SVG path from the source's right side to the target's left; within one column (a source
+        beside the Kustomization reading it) a bracket on their left."""
+        s, t, middle = self.source, self.target, NODE_H // 2
+        if s.layer == t.layer:
+            return (f"M{s.x},{s.y + middle} C{s.x - BRACKET},{s.y + middle} {t.x - BRACKET},{t.y + middle} "
+                    f"{t.x},{t.y + middle}")
+        return (f"M{s.x + NODE_W},{s.y + middle} C{s.x + NODE_W + 40},{s.y + middle} {t.x - 40},{t.y + middle} "
+                f"{t.x},{t.y + middle}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Graph:
     nodes: list[Node]
-    edges: list[tuple[Edge, Node, Node]]
+    edges: list[Arrow]
     columns: list[str]
     width: int
     height: int
@@ -519,13 +561,11 @@ def layer_edges(objects: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[Edge
     """Who waits for whom: a Stack for its prerequisites; for the stacks it references (a YAML Program's
     StackReference, or a config value naming a stack, as the app layer names its hand-off stack); for
     the Stack whose outputs name it (the platform layer hands each team's stack over that way); an
-    object for the Kustomization that applied it (Flux's labels) or the Stack that owns it."""
+    object for the Kustomization that applied it (Flux's labels), the Stack that owns it, or the Stack
+    that created it (its created-by annotation: the platform layer's team syncs); a Kustomization or
+    Stack for the Flux source it reads."""
     stacks = list(objects.get("Stack", ()))
-    by_stack_name: dict[str, str] = {}
-    for stack in stacks:
-        qualified = (stack.get("spec") or {}).get("stack", "")
-        if "/" in qualified:
-            by_stack_name.setdefault(qualified, key("Stack", stack))
+    by_stack_name = stacks_by_name(stacks)
     programs = {(p["metadata"].get("namespace"), p["metadata"]["name"]): p for p in objects.get("Program", ())}
     edges = []
     for stack in stacks:
@@ -540,20 +580,29 @@ def layer_edges(objects: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[Edge
         for output in _strings((stack.get("status") or {}).get("outputs") or {}):
             if by_stack_name.get(output, me) != me:
                 edges.append(Edge(me, by_stack_name[output], "outputs"))
-    for kind in ("Stack", "Program", "Kustomization"):
+    for kind in ("Stack", "Program", "Kustomization", *FLUX_SOURCES):
         for obj in objects.get(kind, ()):
+            me = key(kind, obj)
             labels = (obj.get("metadata") or {}).get("labels") or {}
             if labels.get(FLUX_NAME_LABEL):
                 edges.append(Edge(f"Kustomization/{labels.get(FLUX_NAMESPACE_LABEL)}/{labels[FLUX_NAME_LABEL]}",
-                                  key(kind, obj), "Flux"))
+                                  me, "Flux"))
             for owner in (obj.get("metadata") or {}).get("ownerReferences") or []:
                 if owner.get("kind") == "Stack":
-                    edges.append(Edge(f"Stack/{obj['metadata'].get('namespace')}/{owner.get('name')}", key(kind, obj),
-                                      "owner"))
+                    edges.append(Edge(f"Stack/{obj['metadata'].get('namespace')}/{owner.get('name')}", me, "owner"))
+            made_by = creator(obj, by_stack_name)
+            if made_by and made_by != me:
+                edges.append(Edge(made_by, me, "created"))
+            read = source_key(obj) if kind in ("Stack", "Kustomization") else None
+            if read:
+                edges.append(Edge(read, me, "source"))
     return list(dict.fromkeys(edges))
 
 
 NODE_W, NODE_H, COLUMN_GAP, ROW_GAP, MARGIN = 220, 44, 80, 16, 24
+# How far an arrow within a column bulges left (inside MARGIN), and how many characters of a node's
+# subtitle fit its box.
+BRACKET, SUBTITLE_CHARS = 20, 38
 
 
 BOOTSTRAP = "bootstrap"
@@ -563,16 +612,19 @@ MANAGED_BY = ("app.kubernetes.io/managed-by", "pulumi")
 
 
 def layers(objects: Mapping[str, Iterable[Mapping[str, Any]]], namespace: str = "") -> Graph:
-    """The layer graph: Stacks and the Kustomizations between them, each in the column of its depth,
-    after the bootstrap (the `pulumi up` outside the cluster that created the root Stacks), laid out
-    for an SVG; within a column, nodes follow their parents' order."""
+    """The layer graph: Stacks and the Kustomizations and Flux sources between them, each in the column of
+    its depth, after the bootstrap (the `pulumi up` outside the cluster that created the root Stacks),
+    laid out for an SVG; within a column, nodes follow their parents' order. Reading a source does not
+    make a layer: a source stays in the column of what created it, beside what reads it."""
     cared = cared_for(objects)
-    members = {key(kind, obj): (kind, obj) for kind in ("Stack", "Kustomization") for obj in cared.get(kind, ())
+    members = {key(kind, obj): (kind, obj) for kind in ("Stack", "Kustomization", *FLUX_SOURCES)
+               for obj in cared.get(kind, ())
                if not namespace or (obj.get("metadata") or {}).get("namespace") == namespace}
     edges = [e for e in layer_edges(cared) if e.source in members and e.target in members and e.source != e.target]
     parents: dict[str, set[str]] = {k: set() for k in members}
     for edge in edges:
-        parents[edge.target].add(edge.source)
+        if edge.why != "source":
+            parents[edge.target].add(edge.source)
     bootstrapped = [k for k, (kind, obj) in members.items() if kind == "Stack" and not parents[k]
                     and ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY[0]) == MANAGED_BY[1]]
     if bootstrapped:
@@ -615,7 +667,7 @@ def layers(objects: Mapping[str, Iterable[Mapping[str, Any]]], namespace: str = 
     tallest = max((len(keys) for keys in rows.values()), default=0)
     names = (LAYER_NAMES if bootstrapped else ())
     return Graph(sorted(nodes.values(), key=lambda n: (n.layer, n.y)),
-                 [(e, nodes[e.source], nodes[e.target]) for e in edges],
+                 [Arrow(e, nodes[e.source], nodes[e.target]) for e in edges],
                  [names[i] if i < len(names) else f"layer {i + (0 if bootstrapped else 1)}" for i in range(columns)],
                  2 * MARGIN + max(columns, 1) * (NODE_W + COLUMN_GAP) - COLUMN_GAP,
                  2 * MARGIN + 28 + max(tallest, 1) * (NODE_H + ROW_GAP))

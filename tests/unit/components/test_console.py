@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timezone
 
 from strata_components.console import models
+from strata_components.team_entries import CREATED_BY_STACK
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=timezone.utc)
 SECRET_SIG = {models.SECRET_SIG_KEY: models.SECRET_SIG, "ciphertext": "v1:abc"}
@@ -143,9 +144,12 @@ def test_pending_plans_are_the_stacks_awaiting_approval():
         models.PendingPlan("apps", "gated", "sha256:1", "create 2", "gated/1", "", "plan sha256:1 awaits approval")]
 
 
-def test_layers_follow_prerequisites_stack_references_outputs_and_flux():
+def test_layers_follow_prerequisites_stack_references_outputs_flux_and_what_the_platform_created():
     flux = {models.FLUX_NAME_LABEL: "team-alpha", models.FLUX_NAMESPACE_LABEL: "team-alpha"}
     handoff = "organization/strata-team-handoff/alpha"
+    # What the platform layer stamps on the team's sync objects (TeamEnvironment: build_sync_metadata).
+    by_platform = {"annotations": {CREATED_BY_STACK: "organization/platform/dev"}}
+    reads_alpha = {"kind": "GitRepository", "name": "team-alpha"}
     platform = obj("strata-system/platform", READY, metadata={"labels": {"app.kubernetes.io/managed-by": "pulumi"}},
                    spec={"stack": "organization/platform/dev"})
     platform["status"]["outputs"] = {"teamHandoffStacks": {"alpha": handoff}, "teamPassphrases": "[secret]"}
@@ -153,17 +157,23 @@ def test_layers_follow_prerequisites_stack_references_outputs_and_flux():
         "Stack": [platform,
                   obj("strata-system/handoff-alpha", READY, spec={"stack": handoff}),
                   obj("team-alpha/app", RETRYING, metadata={"labels": flux},
-                      spec={"stack": "organization/app/alpha", "config": {"app:handoffStack": handoff}}),
+                      spec={"stack": "organization/app/alpha", "config": {"app:handoffStack": handoff},
+                            "fluxSource": {"sourceRef": reads_alpha, "dir": "programs/app-team"}}),
                   obj("team-alpha/db", READY, metadata={"labels": flux}, spec={"stack": "organization/db/alpha",
                                                                               "programRef": {"name": "db"}}),
                   obj("team-alpha/web", READY, metadata={"labels": flux},
                       spec={"stack": "organization/web/alpha", "prerequisites": [{"name": "db"}]})],
         "Program": [obj("team-alpha/db", READY, program={"resources": {"ref": {
             "type": "pulumi:pulumi:StackReference", "properties": {"name": "organization/platform/dev"}}}})],
-        "Kustomization": [obj("team-alpha/team-alpha", READY)],
+        "Kustomization": [obj("team-alpha/team-alpha", READY, metadata=by_platform, spec={"sourceRef": reads_alpha})],
+        "GitRepository": [obj("team-alpha/team-alpha", READY, metadata=by_platform)],
     }
     edges = {(e.source, e.target, e.why) for e in models.layer_edges(objects)}
     assert edges == {
+        ("Stack/strata-system/platform", "Kustomization/team-alpha/team-alpha", "created"),
+        ("Stack/strata-system/platform", "GitRepository/team-alpha/team-alpha", "created"),
+        ("GitRepository/team-alpha/team-alpha", "Kustomization/team-alpha/team-alpha", "source"),
+        ("GitRepository/team-alpha/team-alpha", "Stack/team-alpha/app", "source"),
         ("Stack/strata-system/platform", "Stack/strata-system/handoff-alpha", "outputs"),
         ("Stack/strata-system/handoff-alpha", "Stack/team-alpha/app", "StackReference"),
         ("Stack/strata-system/platform", "Stack/team-alpha/db", "StackReference"),
@@ -171,15 +181,42 @@ def test_layers_follow_prerequisites_stack_references_outputs_and_flux():
         *(("Kustomization/team-alpha/team-alpha", f"Stack/team-alpha/{name}", "Flux") for name in ("app", "db", "web"))}
     graph = models.layers(objects)
     assert {n.key: n.layer for n in graph.nodes} == {
-        "bootstrap": 0, "Stack/strata-system/platform": 1, "Kustomization/team-alpha/team-alpha": 1,
-        "Stack/strata-system/handoff-alpha": 2, "Stack/team-alpha/db": 2, "Stack/team-alpha/app": 3,
-        "Stack/team-alpha/web": 3}
-    assert graph.columns == ["bootstrap", "platform", "teams", "apps"]
+        "bootstrap": 0, "Stack/strata-system/platform": 1, "Stack/strata-system/handoff-alpha": 2,
+        "GitRepository/team-alpha/team-alpha": 2, "Kustomization/team-alpha/team-alpha": 2,
+        "Stack/team-alpha/db": 3, "Stack/team-alpha/app": 3, "Stack/team-alpha/web": 4}
+    assert graph.columns == ["bootstrap", "platform", "teams", "apps", "layer 4"]
     assert {n.key: n.state for n in graph.nodes}["Stack/team-alpha/app"] == "Reconciling"
-    assert all(s.x < t.x for _, s, t in graph.edges), "every arrow points to a later layer"
+    assert all(a.source.x < a.target.x for a in graph.edges if a.edge.why != "source"), \
+        "every arrow but a source's points to a later layer"
+    read = next(a for a in graph.edges if a.edge.target == "Kustomization/team-alpha/team-alpha"
+                and a.edge.why == "source")
+    assert read.source.x == read.target.x and read.path.startswith(f"M{read.source.x},"), \
+        "a source beside what reads it: a bracket on their left"
     team = models.layers(objects, "team-alpha")
-    assert [n.key for n in team.nodes if n.layer == 0] == ["Kustomization/team-alpha/team-alpha"]
+    assert [n.key for n in team.nodes if n.layer == 0] == ["GitRepository/team-alpha/team-alpha",
+                                                           "Kustomization/team-alpha/team-alpha"]
     assert team.columns == ["layer 1", "layer 2", "layer 3"], "no bootstrapped Stack there: layers by number"
+
+
+def test_a_sync_a_stack_created_is_cared_for_before_it_applied_anything():
+    platform = obj("strata-system/platform", READY, spec={"stack": "organization/platform/dev"})
+    named = {"annotations": {CREATED_BY_STACK: "organization/platform/dev"}}
+    stranger = {"annotations": {CREATED_BY_STACK: "organization/elsewhere/dev"}}
+    objects = {"Stack": [platform],
+               "Kustomization": [obj("team-beta/team-beta", READY, metadata=named,
+                                     spec={"sourceRef": {"kind": "GitRepository", "name": "team-beta"}}),
+                                 obj("team-gamma/team-gamma", READY, metadata=stranger)],
+               "GitRepository": [obj("team-beta/team-beta", READY), obj("team-gamma/team-gamma", READY,
+                                                                        metadata=stranger)]}
+    cared = models.cared_for(objects)
+    assert [models.key("Kustomization", k) for k in cared["Kustomization"]] == ["Kustomization/team-beta/team-beta"]
+    assert [models.key("GitRepository", g) for g in cared["GitRepository"]] == ["GitRepository/team-beta/team-beta"], \
+        "the source it reads; an annotation naming no Stack here ties nothing"
+    graph = models.layers(objects)
+    assert {(a.edge.source, a.edge.target, a.edge.why) for a in graph.edges} == {
+        ("Stack/strata-system/platform", "Kustomization/team-beta/team-beta", "created"),
+        ("GitRepository/team-beta/team-beta", "Kustomization/team-beta/team-beta", "source")}
+    assert all(len(n.subtitle) <= models.SUBTITLE_CHARS for n in graph.nodes), [n.subtitle for n in graph.nodes]
 
 
 def test_layers_survive_a_cycle():
