@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from strata_components.team import build_team_source, build_team_sync
+
 from .conftest import has_condition, stash_program
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -110,7 +112,10 @@ def test_the_console_in_a_browser(stacks, operator, local_platform, platform, br
         stacks.custom.create_namespaced_custom_object("pulumi.com", "v1", ns, "programs", {
             "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "fleet"},
             "rollout": {"waves": [{"count": 1}]}, "program": stash_program(version="v1")})
-        stacks.create("good", stacks.spec(stack="good", programRef={"name": "hello"}))
+        # good stands for the platform Stack: fully qualified (the operator names a Program's project after it),
+        # so what its program creates can name it.
+        good_stack = "organization/hello/good"
+        stacks.create("good", stacks.spec(stack=good_stack, programRef={"name": "hello"}))
         stacks.create("flaky", stacks.spec(stack="flaky", programRef={"name": "flaky"}))
         stacks.create("gated", stacks.spec(stack="gated", programRef={"name": "gated"}, approval={"mode": "Manual"},
                                            prerequisites=[{"name": "good"}]))
@@ -120,6 +125,14 @@ def test_the_console_in_a_browser(stacks, operator, local_platform, platform, br
             stacks.wait_ready(name, 120)
         waiting = stacks.wait("gated", lambda o: has_condition(o, "Reconciling", "AwaitingApproval"), 120,
                               "AwaitingApproval")
+        # A team's sync as the platform layer renders it (TeamEnvironment), created by good's stack; suspended,
+        # since the Layers page needs the objects and their annotation, not Flux fetching anything.
+        team_source = build_team_source("console", ns, {"url": "http://127.0.0.1:9/none.git"}, good_stack)
+        team_sync = build_team_sync("console", ns, "team-console", {"path": "."}, good_stack)
+        for manifest, plural in ((team_source, "gitrepositories"), (team_sync, "kustomizations")):
+            manifest["spec"]["suspend"] = True
+            group, version = manifest["apiVersion"].split("/")
+            stacks.custom.create_namespaced_custom_object(group, version, ns, plural, manifest)
         digest = waiting["status"]["plan"]["digest"]
 
         browser.get(console.url)  # the printed URL: its token becomes the session's cookie
@@ -161,6 +174,13 @@ def test_the_console_in_a_browser(stacks, operator, local_platform, platform, br
         wait_for(lambda: browser.current_url.endswith("/layers"), 5, "l opens Layers")
         assert browser.find_elements(By.ID, f"node-Stack--{ns}--gated")
         browser.get(f"{console.base}/layers?namespace={ns}")
+        # good -> the team's GitRepository and Kustomization it created, and the source -> its Kustomization.
+        made = {kind: f"{kind}/{ns}/team-console" for kind in ("GitRepository", "Kustomization")}
+        for why, source, target in (("created", f"Stack/{ns}/good", made["GitRepository"]),
+                                    ("created", f"Stack/{ns}/good", made["Kustomization"]),
+                                    ("source", made["GitRepository"], made["Kustomization"])):
+            arrow = f'path.edge-{why}[data-from="{source}"][data-to="{target}"]'
+            assert browser.find_elements(By.CSS_SELECTOR, arrow), f"no {why} arrow {source} -> {target} on Layers"
         browser.save_screenshot(str(shots / "layers.png"))
         browser.find_element(By.TAG_NAME, "body").send_keys("o")
         wait_for(lambda: browser.current_url == console.base + "/", 5, "o opens the Overview")
