@@ -602,7 +602,7 @@ def layer_edges(objects: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[Edge
 NODE_W, NODE_H, COLUMN_GAP, ROW_GAP, MARGIN = 220, 44, 80, 16, 24
 # How far an arrow within a column bulges left (inside MARGIN), and how many characters of a node's
 # subtitle fit its box.
-BRACKET, SUBTITLE_CHARS = 20, 38
+BRACKET, SUBTITLE_CHARS = 20, 35
 
 
 BOOTSTRAP = "bootstrap"
