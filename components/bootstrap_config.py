@@ -59,9 +59,11 @@ def flux_args(settings: dict[str, Any], provider: k8s.Provider, cluster: Cluster
     """`strata:flux` -> FluxArgs. In local mode the platform's host controllers are left out of the
     install and, unless `baseurl` is configured, the bundle comes from the platform (`bundle_url`)."""
     args: FluxArgs = {"provider": provider, "version": settings.get("version", DEFAULT_FLUX_VERSION)}
-    for key in ("components", "namespace"):
+    for key in ("components", "namespace", "registry"):
         if key in settings:
             args[key] = settings[key]
+    if "imagePullSecret" in settings:
+        args["image_pull_secret"] = settings["imagePullSecret"]
     baseurl = settings.get("baseurl", bundle_url)
     if baseurl is not None:
         args["baseurl"] = baseurl

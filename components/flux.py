@@ -25,6 +25,7 @@ from .flux_tenancy import CLUSTER_SYNC_SERVICE_ACCOUNT, LOCKDOWN_FLAGS
 
 DEFAULT_COMPONENTS = ("source-controller", "kustomize-controller", "helm-controller", "notification-controller")
 VERSION_PATTERN = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+REGISTRY_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*(:\d+)?(/[a-z0-9][a-z0-9._-]*)*$")
 
 
 class FluxSyncArgs(TypedDict):
@@ -65,6 +66,13 @@ class FluxArgs(TypedDict):
     GitHub releases when absent."""
     namespace: NotRequired[str]
     """Namespace of the Flux controllers (default flux-system)."""
+    registry: NotRequired[str]
+    """Where the controller images come from, as in Flux's air-gapped install (`flux install
+    --registry`): `<registry>/<controller>:<version>`, e.g. `registry.internal:5000/fluxcd` (default
+    ghcr.io/fluxcd). A host[:port]/path, without a scheme."""
+    image_pull_secret: NotRequired[str]
+    """Name of a docker-registry Secret in the Flux namespace the controllers' pods pull with (`flux
+    install --image-pull-secret`); create it before, or beside, the install."""
     network_policy: NotRequired[bool]
     """Install Flux's NetworkPolicies (default true)."""
     host_controllers: NotRequired[Sequence[str]]
@@ -99,6 +107,10 @@ def validate_flux_args(args: FluxArgs) -> None:
     unknown = sorted(set(components) - set(DEFAULT_COMPONENTS))
     if unknown:
         raise ValueError(f"flux components {unknown} are unknown; choose from {list(DEFAULT_COMPONENTS)}")
+    registry = args.get("registry")
+    if registry is not None and not REGISTRY_PATTERN.match(registry):
+        raise ValueError(f"flux registry {registry!r} must be a host[:port]/path without a scheme or a trailing "
+                         "slash, e.g. registry.internal:5000/fluxcd (Flux adds /<controller>:<version>)")
     host = args.get("host_controllers")
     if host and not args.get("multi_tenancy", True):
         raise ValueError("flux multi_tenancy: false cannot apply to the local platform's host controllers, which "
@@ -200,7 +212,8 @@ class Flux(pulumi.ComponentResource):
         install = flux.get_flux_install_output(
             target_path="strata", version=args["version"], namespace=namespace,
             components=list(args.get("components", DEFAULT_COMPONENTS)), baseurl=args.get("baseurl"),
-            network_policy=args.get("network_policy", True), opts=pulumi.InvokeOptions(parent=self))
+            network_policy=args.get("network_policy", True), registry=args.get("registry"),
+            image_pull_secrets=args.get("image_pull_secret"), opts=pulumi.InvokeOptions(parent=self))
         manifests = install.content.apply(
             lambda content: build_flux_manifests(content, host_controllers, args.get("multi_tenancy", True)))
         crds = k8s.yaml.v2.ConfigGroup(f"{name}-crds", objs=manifests.apply(lambda m: m.crds), opts=child)

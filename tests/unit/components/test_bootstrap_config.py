@@ -32,6 +32,8 @@ def test_existing_cluster_runs_the_operator_in_cluster_and_flux_from_github():
     assert cluster["existing"] == {"kubeconfig_path": "~/.kube/config", "context": "prod"}
     flux = flux_args({}, PROVIDER, cluster)
     assert "baseurl" not in flux and "host_controllers" not in flux
+    air_gapped = flux_args({"registry": "10.88.0.1:5000/fluxcd", "imagePullSecret": "regcred"}, PROVIDER, cluster)
+    assert (air_gapped["registry"], air_gapped["image_pull_secret"]) == ("10.88.0.1:5000/fluxcd", "regcred")
     operator = operator_args({"image": "ghcr.io/acme/op:1"}, PROVIDER, cluster, server="s", command=["x"])
     assert operator["mode"] == "in-cluster" and operator["image"] == "ghcr.io/acme/op:1" and "local" not in operator
 

@@ -39,6 +39,18 @@ def test_install_splits_crds_from_the_rest_and_orders_them(harness):
                                          "notification-controller"]
 
 
+def test_an_air_gapped_install_pulls_the_controllers_from_the_registry_with_the_pull_secret(harness):
+    def program():
+        Flux("flux", {"provider": _provider(), "version": "v2.9.5", "registry": "10.88.0.1:5000/fluxcd",
+                      "image_pull_secret": "regcred"})
+        return {}
+
+    harness.run(program)
+    invoke = next(call for call in harness.mocks.calls if call.token.startswith("flux:index/getFluxInstall"))
+    assert invoke.args["registry"] == "10.88.0.1:5000/fluxcd" and invoke.args["imagePullSecrets"] == "regcred"
+    validate_flux_args({"version": "v2.9.5", "registry": "registry.internal/fluxcd"})  # no port is fine
+
+
 def test_local_mode_runs_controllers_on_the_host_not_as_deployments(harness):
     def program():
         flux = Flux("flux", {"provider": _provider(), "version": "v2.9.5",
@@ -114,6 +126,8 @@ def test_build_flux_manifests_keeps_every_document_exactly_once():
     ({"version": "v2.9.5", "host_controllers": ["source-controller"]}, "kwok"),
     ({"version": "v2.9.5", "components": ["source-controller"], "host_controllers": ["source-controller"],
       "multi_tenancy": False}, "always run locked down"),
+    ({"version": "v2.9.5", "registry": "http://10.88.0.1:5000/fluxcd"}, "flux registry .* without a scheme"),
+    ({"version": "v2.9.5", "registry": "10.88.0.1:5000/fluxcd/"}, "flux registry .* trailing"),
 ])
 def test_bad_flux_args_are_rejected_with_the_field(args, message):
     with pytest.raises(ValueError, match=message):
