@@ -23,6 +23,7 @@ import yaml
 from kubernetes import client, config
 from requirements import missing_e2e_requirements
 
+from strata_components.console.models import layer_edges
 from strata_components.local.processes import descendants, running_pid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,6 +135,7 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     syncs = {"flux-system": ("clusters/dev", "kustomize-controller"),
              "team-alpha": ("clusters/dev/team-alpha", "team-alpha"),
              "team-beta": ("clusters/dev/team-beta", "team-beta")}
+    syncs_seen = []
     for namespace, (path, service_account) in syncs.items():
         name = namespace  # each sync's GitRepository and Kustomization are named after its namespace
         source = custom.get_namespaced_custom_object("source.toolkit.fluxcd.io", "v1", namespace, "gitrepositories",
@@ -145,6 +147,7 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
         assert kustomization["spec"]["path"].removeprefix("./") == path
         assert kustomization["spec"]["serviceAccountName"] == service_account
         assert f"kustomization {namespace}/{name}" in up.stdout
+        syncs_seen.append(kustomization)
     # The operator leads.
     lease = coordination.read_namespaced_lease("strata-operator-leader", OPERATOR_NAMESPACE)
     assert lease.spec.holder_identity
@@ -157,6 +160,11 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_leaves_nothing(home):
     for key, stack in stacks.items():
         conditions = {c["type"]: c["status"] for c in stack["status"]["conditions"]}
         assert conditions["Ready"] == "True", (key, stack["status"])
+    # The platform Stack made each team's sync, as its annotation says and the console's Layers page draws.
+    edges = layer_edges({"Stack": list(stacks.values()), "Kustomization": syncs_seen})
+    assert {edge.target for edge in edges if edge.why == "created"
+            and edge.source == f"Stack/{OPERATOR_NAMESPACE}/strata-platform"} == {
+        "Kustomization/team-alpha/team-alpha", "Kustomization/team-beta/team-beta"}, edges
     platform_outputs = stacks[f"{OPERATOR_NAMESPACE}/strata-platform"]["status"]["outputs"]
     assert platform_outputs["teamNamespaces"] == {"alpha": "team-alpha", "beta": "team-beta"}
     assert platform_outputs["teamKubeconfigs"] == "[secret]" and platform_outputs["teamPassphrases"] == "[secret]"
