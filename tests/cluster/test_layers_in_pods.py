@@ -16,7 +16,7 @@ from .conftest import on_node, wait_phase
 
 # As a workspace pod runs: user 65532, a read-only root, nothing writable but /tmp.
 LIST_INSTALL = """set -e
-command -v pulumi-language-python pulumi-language-python-exec
+for host in pulumi-language-python pulumi-language-python-exec; do command -v "$host"; done
 ls "$PULUMI_HOME/plugins"
 echo PLUGINS
 pulumi plugin ls --json

@@ -36,7 +36,10 @@ def test_coredns_runs_on_every_real_node_behind_kube_dns(kube_client, nodes):
     core = client.CoreV1Api(kube_client)
     pods = core.list_namespaced_pod(cluster_addons.DNS_NAMESPACE, label_selector="k8s-app=kube-dns").items
     assert sorted(pod.spec.node_name for pod in pods) == sorted(node.name for node in nodes)
-    assert all(any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions) for pod in pods)
+    assert all(any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions) for pod in pods), [
+        (pod.metadata.name, pod.status.container_statuses,
+         core.read_namespaced_pod_log(pod.metadata.name, cluster_addons.DNS_NAMESPACE, tail_lines=20))
+        for pod in pods]
     service = core.read_namespaced_service("kube-dns", cluster_addons.DNS_NAMESPACE)
     assert service.spec.cluster_ip == realnode.CLUSTER_DNS
     slices = client.DiscoveryV1Api(kube_client).list_namespaced_endpoint_slice(
