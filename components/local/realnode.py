@@ -8,7 +8,8 @@ A real node needs root and changes the host; `stop_nodes` undoes every change, r
   forwards that address to the apiserver on loopback and in-cluster clients work unchanged;
 - mounts under the node's directory (kubelet's root, pod volumes, container root filesystems);
 - cgroups under /strata-<node> in every hierarchy;
-- iptables and ip6tables chains kubelet or kube-proxy add (KUBE-FIREWALL, KUBE-SERVICES, ...);
+- iptables and ip6tables chains kubelet or kube-proxy add (KUBE-FIREWALL, KUBE-SERVICES, ...), and the
+  cluster profile's masquerade of the pods' egress (STRATA-POD-EGRESS, cluster_addons.py);
 - the sysctls kubelet sets (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) and
   net.ipv4.ip_forward (set for kube-proxy in the cluster profile, cluster_addons.py): restored;
 - /var/lib/kubelet, /var/log/containers and /var/log/pods, where kubelet creates them.
