@@ -1,7 +1,7 @@
 """The cluster profile's figures: platform start with 2 real nodes + kube-proxy + CoreDNS + registry + object
 store, cold and warm, and the memory of each process it adds.
 
-    .venv/bin/python benchmarks/cluster_profile.py      # as root, with `make setup`'s Debian packages
+    .venv/bin/python benchmarks/cluster_profile.py [--json FILE]   # as root, with `make setup`'s Debian packages
 
 One run on a scratch state directory (one real-node platform per host):
 - cold: a new state directory (new nodes, empty containerd, an empty registry: CoreDNS's and Flux's
@@ -13,6 +13,9 @@ One run on a scratch state directory (one real-node platform per host):
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 import tempfile
 import time
@@ -30,6 +33,9 @@ def _quiet(_line: str) -> None:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args()
     toolchain = installed(profile_tools("cluster"))
     missing = realnode.missing_requirements(toolchain.bin("kubelet"))
     if missing:
@@ -51,11 +57,19 @@ def main() -> int:
             print("== RSS (MB) of each process the profile adds, idle")
             names = [f"{kind}-{node.name}" for node in map(realnode.load_node, realnode.node_dirs(platform.state))
                      for kind in ("containerd", "kubelet")]
+            rss = {}
             for name in (*names, cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS, objectstore.PROCESS,
                          realnode.GATEWAY_PROCESS):
-                print(f"  {name:24} {rss_tree_mb(processes.running_pid(platform.run_dir, name) or 0)[0]:6.0f}")
+                rss[name] = rss_tree_mb(processes.running_pid(platform.run_dir, name) or 0)[0]
+                print(f"  {name:24} {rss[name]:6.0f}")
             coredns = processes_of("coredns")
-            print(f"  {'coredns (pods, total)':24} {sum(rss for _, rss in coredns):6.0f}   ({len(coredns)} replicas)")
+            rss["coredns (pods, total)"] = sum(mb for _, mb in coredns)
+            print(f"  {'coredns (pods, total)':24} {rss['coredns (pods, total)']:6.0f}   ({len(coredns)} replicas)")
+            if args.json:
+                args.json.write_text(json.dumps({"cold_seconds": round(cold, 1), "warm_seconds": round(warm, 1),
+                                                 "rss_mb": {name: round(mb, 1) for name, mb in rss.items()},
+                                                 "coredns_replicas": len(coredns), "loadavg": os.getloadavg()},
+                                                indent=1))
         finally:
             platform.down(say=_quiet)
     return 0

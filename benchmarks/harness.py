@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from strata_components.local import realnode
-from strata_components.local.images import ambient_python_host, build_operator_image, load_image
+from strata_components.local.images import build_operator_image, load_image, user_pulumi_install
 from strata_components.local.kube import api_client
 from strata_components.local.processes import descendants
 from strata_components.local.operator_host import OperatorHost, operator_host
@@ -157,7 +157,7 @@ def platform_with_operator(operator_args: tuple[str, ...] = (),
             platform.up(say=lambda _: None)
             executor_args: tuple[str, ...] = ()
             if pods:
-                image = build_operator_image(toolchain, python_host=ambient_python_host(), say=lambda _: None)
+                image = build_operator_image(toolchain, user_pulumi_install(), say=lambda _: None)
                 load_image(image, realnode.load_node(realnode.node_dirs(platform.state)[0]).containerd_socket)
                 toleration = realnode.TOLERATION
                 executor_args = ("--executor", "pod", "--workspace-image", image.name,

@@ -71,7 +71,7 @@ def main() -> int:
             for archive in cached:  # the figure is a build, not a cache hit
                 archive.unlink()
             build_seconds, image = timed(lambda: images.build_operator_image(
-                toolchain, python_host=images.ambient_python_host(), say=_quiet))
+                toolchain, images.user_pulumi_install(), say=_quiet))
             import_seconds, _ = timed(lambda: images.load_image(image, node.containerd_socket))
             print("== operator image")
             print(f"  build (Debian base cached) {build_seconds:6.1f}s   {image.path.stat().st_size / 2**20:.0f} MiB")

@@ -90,7 +90,10 @@ def _dev_down(args: argparse.Namespace) -> int:
 def _image_build(args: argparse.Namespace) -> int:
     from .local import images, realnode
 
-    built = images.build_operator_image(toolchain.ensure(), python_host=images.ambient_python_host())
+    install = images.user_pulumi_install()
+    if install.missing:  # an image that cannot run the layers in a cluster is not worth pushing
+        raise ImageError(images.build_missing_install_message(install.missing))
+    built = images.build_operator_image(toolchain.ensure(), install)
     if args.push:  # the way users ship it: through the registry, pulled by the nodes
         repository, tag = built.name.rsplit(":", 1)
         platform = LocalPlatform(PlatformConfig(state_dir=args.state_dir))
@@ -266,8 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     image = commands.add_parser("image", help="the operator's container image, without a registry")
     image_actions = image.add_subparsers(dest="action", required=True)
     image_build = image_actions.add_parser(
-        "build", help="build the operator image (Debian tools, cached by content), load it into every running "
-                      "real node, print its name")
+        "build", help="build the operator image (Debian tools, cached by content) with the Python language host "
+                      "and provider plugins of your Pulumi install, load it into every running real node, print its name")
     image_build.add_argument("--state-dir", type=Path, default=default_state_dir(),
                              help="the local platform whose real nodes get the image (default: %(default)s)")
     image_build.add_argument("--push", action="store_true",

@@ -15,20 +15,52 @@ cluster gives its pods: ClusterIP Services routed by kube-proxy, and names resol
   which forwards to the apiserver (TLS end to end; the certificate names 10.96.0.1).
 - CoreDNS runs as pods (a Deployment, one replica per real node) from an image holding the
   toolchain's static binary, as upstream ships it: non-root (65532), binding :53 thanks to the pod's
-  `net.ipv4.ip_unprivileged_port_start` sysctl instead of a file capability.
+  `net.ipv4.ip_unprivileged_port_start` sysctl instead of a file capability. Names outside the cluster
+  it forwards to the host's resolver (kubelet's resolvConf, realnode.host_resolver_file).
+- what pods send off the node network (CoreDNS's queries to the host's resolver, a pod's own
+  connections) is masqueraded to the host's address: nothing outside knows a route back to the pods'
+  10.88.0.0/16, as a cloud's network does not know a node's pod range either. A nat chain of its own,
+  STRATA-POD-EGRESS, with the jump from POSTROUTING: `down` removes both like kube-proxy's chains.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import subprocess
 from pathlib import Path
 
-from .realnode import CLUSTER_DNS, CLUSTER_DOMAIN, NODE_ADDRESS, NODE_LABEL, POD_PREFIX_LENGTH, TOLERATION
+from .realnode import (BRIDGE, CLUSTER_DNS, CLUSTER_DOMAIN, NODE_ADDRESS, NODE_LABEL, POD_PREFIX_LENGTH, TOLERATION,
+                       RealNodeError)
 
 KUBE_PROXY_PROCESS = "kube-proxy"
 DNS_NAMESPACE = "kube-system"
 DNS_NAME = "coredns"
 DNS_USER = 65532
 ENDPOINTS_MANAGER = "strata-local-platform"  # a label value: no slash
+POD_EGRESS_CHAIN = "STRATA-POD-EGRESS"
+
+
+def build_pod_egress_rules() -> list[list[str]]:
+    """iptables arguments (nat table) that masquerade what pods send anywhere but the bridge."""
+    pods = str(ipaddress.ip_interface(f"{NODE_ADDRESS}/{POD_PREFIX_LENGTH}").network)
+    return [["-t", "nat", "-A", POD_EGRESS_CHAIN, "-j", "MASQUERADE"],
+            ["-t", "nat", "-A", "POSTROUTING", "-s", pods, "!", "-o", BRIDGE, "-m", "comment", "--comment",
+             "strata: pods to outside the node network", "-j", POD_EGRESS_CHAIN]]
+
+
+def ensure_pod_egress() -> None:
+    """The rules of build_pod_egress_rules, each added once (`up` after `up` adds nothing)."""
+    def iptables(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["iptables", *args], capture_output=True, text=True, check=False)
+
+    if iptables("-t", "nat", "-S", POD_EGRESS_CHAIN).returncode != 0:
+        iptables("-t", "nat", "-N", POD_EGRESS_CHAIN)
+    for rule in build_pod_egress_rules():
+        if iptables(*rule[:2], "-C", *rule[3:]).returncode != 0:
+            added = iptables(*rule)
+            if added.returncode != 0:
+                raise RealNodeError(f"masquerading the pods' egress: `iptables {' '.join(rule)}` failed: "
+                                    f"{added.stderr.strip()}")
 
 
 def build_kube_proxy_config(*, kubeconfig: Path, hostname: str, health_port: int, metrics_port: int) -> dict:

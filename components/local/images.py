@@ -5,8 +5,10 @@ No registry is reachable here, so images are written as OCI archives and importe
 - the pause image (every pod's sandbox) is a static C program compiled with the host's gcc;
 - the operator image follows `operator/Dockerfile`: Debian bookworm (mmdebstrap) with python3,
   git, openssh-client and ca-certificates; the project installed into /opt/strata from wheels built
-  on the host at the versions of the tested virtualenv (pip in the chroot cannot reach PyPI); the
-  toolchain's pulumi CLI and language hosts in /usr/local/bin; user 65532.
+  on the host at the versions of the tested virtualenv (pip in the chroot cannot reach PyPI); user
+  65532. A second layer holds what updates run: the toolchain's pulumi CLI and hosts and the user's
+  Python language host in /usr/local/bin, the user's provider plugins in /opt/pulumi/plugins (the
+  image's PULUMI_HOME), since nothing in a cluster can download them.
 Archives are cached in `$STRATA_CACHE/images/`, keyed by a digest of everything that goes in.
 """
 
@@ -22,9 +24,10 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from . import preflight
 from .progress import Say, format_seconds, stderr_say, step
 from .realnode import PAUSE_IMAGE
 from .toolchain import Toolchain, cache_root
@@ -37,6 +40,9 @@ OPERATOR_DEBIAN_PACKAGES = ("python3", "python3-venv", "git", "openssh-client", 
 # What Dockerfile's `COPY --from=pulumi /pulumi/bin/` gives: the CLI and the hosts updates start.
 PULUMI_BINARIES = ("pulumi", "pulumi-language-yaml", "pulumi-resource-pulumi-python")
 OPERATOR_SOURCES = ("pyproject.toml", "components", "operator")
+# The image's Pulumi home: its plugins/ is the operator's --plugin-cache default and what a workspace
+# pod's agent links into every Stack's own PULUMI_HOME. Outside HOME, which the operator's pods mount over.
+IMAGE_PULUMI_HOME = "/opt/pulumi"
 
 PAUSE_C = r"""
 #include <signal.h>
@@ -81,27 +87,32 @@ def _blob(tar: tarfile.TarFile, data: bytes) -> dict:
 
 
 def build_image_config(*, entrypoint: list[str], env: dict[str, str], user: str, workdir: str,
-                       layer_digest: str, ports: Iterable[int] = ()) -> dict:
+                       layer_digests: Sequence[str], ports: Iterable[int] = ()) -> dict:
+    """`layer_digests`: each uncompressed layer's sha256, bottom first."""
     return {
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": entrypoint, "Env": [f"{k}={v}" for k, v in env.items()], "User": user,
                    "WorkingDir": workdir, "ExposedPorts": {f"{port}/tcp": {} for port in ports}},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created_by": "strata image build"}],
+        "rootfs": {"type": "layers", "diff_ids": list(layer_digests)},
+        "history": [{"created_by": "strata image build"} for _ in layer_digests],
     }
 
 
-def write_oci_archive(layer: Path, config: dict, name: str, out: Path) -> None:
-    """One uncompressed layer, its config and an index naming the image, as an OCI image layout tarball."""
+def write_oci_archive(layers: Sequence[Path], config: dict, name: str, out: Path) -> None:
+    """Uncompressed layers (bottom first), their config and an index naming the image, as an OCI image
+    layout tarball. A layer that did not change keeps its digest: a registry that has it is not sent it again."""
     tmp = out.with_name(out.name + ".partial")
-    layer_digest = _sha256_file(layer)
+    descriptors = []
     with tarfile.open(tmp, "w") as tar:
-        tar.add(layer, arcname=f"blobs/sha256/{layer_digest}")
+        for layer in layers:
+            layer_digest = _sha256_file(layer)
+            tar.add(layer, arcname=f"blobs/sha256/{layer_digest}")
+            descriptors.append({"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                "digest": f"sha256:{layer_digest}", "size": layer.stat().st_size})
         config_blob = _blob(tar, json.dumps(config, sort_keys=True).encode())
         manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                     "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_blob},
-                    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                                "digest": f"sha256:{layer_digest}", "size": layer.stat().st_size}]}
+                    "layers": descriptors}
         manifest_blob = _blob(tar, json.dumps(manifest, sort_keys=True).encode())
         index = {"schemaVersion": 2, "manifests": [{
             "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_blob,
@@ -148,8 +159,8 @@ def build_pause_image(say: Say = stderr_say) -> ImageArchive:
         with tarfile.open(layer, "w") as tar:
             tar.add(binary, arcname="pause")
         config = build_image_config(entrypoint=["/pause"], env={}, user="65535", workdir="/",
-                                    layer_digest=f"sha256:{_sha256_file(layer)}")
-        write_oci_archive(layer, config, name, out)
+                                    layer_digests=[f"sha256:{_sha256_file(layer)}"])
+        write_oci_archive([layer], config, name, out)
     say(f"  pause image built: {name}")
     return ImageArchive(name, out)
 
@@ -176,14 +187,92 @@ def build_binary_image(binary: Path, repository: str, tag: str, user: int = 6553
                 with open(source, "rb") as handle:
                     tar.addfile(info, handle)
         config = build_image_config(entrypoint=[f"/{binary.name}"], env={}, user=f"{user}:{user}", workdir="/",
-                                    layer_digest=f"sha256:{_sha256_file(layer)}")
-        write_oci_archive(layer, config, name, out)
+                                    layer_digests=[f"sha256:{_sha256_file(layer)}"])
+        write_oci_archive([layer], config, name, out)
     say(f"  image {name} built from {binary} ({out.stat().st_size // (1 << 20)} MiB)")
     return ImageArchive(name, out)
 
 
-def operator_image_key(toolchain: Toolchain, python_host: Path | None) -> str:
-    """Digest of everything the operator image is made of: sources, pinned deps, binaries, packages."""
+@dataclasses.dataclass(frozen=True)
+class PulumiInstall:
+    """What of the user's Pulumi install the operator image carries: in a cluster nothing can download it."""
+
+    language_hosts: tuple[Path, ...] = ()
+    """pulumi-language-python and its helper pulumi-language-python-exec."""
+    plugins: tuple[Path, ...] = ()
+    """Provider plugin install directories, e.g. ~/.pulumi/plugins/resource-kubernetes-v4.34.2."""
+    missing: tuple[str, ...] = ()
+    """What the layers need and the install lacks, each with the command that installs it (the preflight's)."""
+
+
+def user_pulumi_install() -> PulumiInstall:
+    """The Python language host and the layers' provider plugins (preflight.PLUGINS) of this machine."""
+    host = ambient_python_host()
+    return PulumiInstall(language_hosts=tuple(sorted(host.parent.glob("pulumi-language-python*"))) if host else (),
+                         plugins=tuple(preflight.plugin_dirs()),
+                         missing=tuple(preflight.missing_dev_stack_requirements()))
+
+
+def build_missing_install_message(missing: Sequence[str]) -> str:
+    return "\n".join([
+        "the operator image runs every layer in the cluster, where nothing can be downloaded, so it carries the "
+        "Python language host and the provider plugins of this machine's Pulumi install; missing:",
+        *(f"  - {item}" for item in missing),
+        "fix: install them, then run `strata image build` again"])
+
+
+def build_pulumi_layer_files(binaries: Mapping[str, Path], install: PulumiInstall) -> dict[str, Path]:
+    """Where each file of the image's Pulumi layer comes from, by its path in the image: the CLI and the
+    language hosts on PATH (/usr/local/bin, beside the CLI, where it looks first), each plugin install
+    directory under the image's PULUMI_HOME as `pulumi plugin install` lays it out."""
+    files = {f"usr/local/bin/{name}": path for name, path in binaries.items()}
+    files.update({f"usr/local/bin/{host.name}": host for host in install.language_hosts})
+    plugins = f"{IMAGE_PULUMI_HOME.lstrip('/')}/plugins"
+    for directory in install.plugins:
+        for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+            files[f"{plugins}/{directory.name}/{file.relative_to(directory)}"] = file
+    return files
+
+
+def _fingerprint(files: Mapping[str, Path]) -> str:
+    """Where each file goes and its source's path, size and modification time: reading half a gigabyte of
+    binaries to learn that nothing changed would cost seconds at every build."""
+    digest = hashlib.sha256()
+    for arcname, source in sorted(files.items()):
+        status = source.stat()
+        digest.update(f"{arcname} {source.resolve()} {status.st_size} {status.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:12]
+
+
+def _pulumi_layer(files: Mapping[str, Path], say: Say) -> Path:
+    """The Pulumi layer as a tarball, cached by its fingerprint: a change to the project alone rebuilds the
+    other layer only. Root-owned, readable and runnable by the image's user (plugins install 0700)."""
+    out = images_dir() / f"pulumi-layer-{_fingerprint(files)}.tar"
+    if out.exists():
+        return out
+    partial = out.with_name(out.name + ".partial")
+    with step(f"writing the Pulumi layer ({len(files)} files: the CLI, language hosts, provider plugins)", say):
+        with tarfile.open(partial, "w") as tar:
+            for directory in sorted({str(parent) for name in files for parent in Path(name).parents} - {"."}):
+                info = tarfile.TarInfo(directory)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            for arcname, source in sorted(files.items()):
+                info = tar.gettarinfo(str(source.resolve()), arcname=arcname)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mode = 0o755
+                with open(source, "rb") as handle:
+                    tar.addfile(info, handle)
+        partial.rename(out)
+    for stale in images_dir().glob("pulumi-layer-*.tar"):  # half a gigabyte each: the newest only
+        if stale != out:
+            stale.unlink()
+    return out
+
+
+def operator_image_key(pulumi_layer_key: str) -> str:
+    """Digest of everything the operator image is made of: sources, pinned deps, packages, the Pulumi layer."""
     digest = hashlib.sha256()
     for top in OPERATOR_SOURCES:
         paths = [ROOT / top] if (ROOT / top).is_file() else sorted(
@@ -191,9 +280,7 @@ def operator_image_key(toolchain: Toolchain, python_host: Path | None) -> str:
         for path in paths:
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     digest.update(_frozen_requirements().encode())
-    for binary in PULUMI_BINARIES:
-        digest.update(str(toolchain.bin(binary).resolve()).encode())
-    digest.update(str(python_host).encode() + " ".join(OPERATOR_DEBIAN_PACKAGES).encode() + DEBIAN_SUITE.encode())
+    digest.update(pulumi_layer_key.encode() + " ".join(OPERATOR_DEBIAN_PACKAGES).encode() + DEBIAN_SUITE.encode())
     return digest.hexdigest()[:12]
 
 
@@ -222,16 +309,17 @@ def _base_rootfs(say: Say) -> Path:
     return out
 
 
-def build_operator_image(toolchain: Toolchain, python_host: Path | None = None,
+def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiInstall(),
                          say: Say = stderr_say) -> ImageArchive:
     """The operator image as an OCI archive (cached by content: a rebuild costs nothing when nothing changed).
 
-    `python_host`: a pulumi-language-python to include (the toolchain does not build one; without it
-    the image runs YAML programs and inline Python, like the dev machine without it)."""
+    `install`: the language host and plugins of the user's Pulumi install to carry (user_pulumi_install();
+    the toolchain builds neither). Without them the image runs YAML programs and inline Python only."""
     if not (ROOT / "pyproject.toml").exists():
         raise ImageError(f"the operator image is built from a checkout of this project (no pyproject.toml in {ROOT}); "
                          "fix: run `strata image build` from the repository's virtualenv (make image)")
-    key = operator_image_key(toolchain, python_host)
+    pulumi_files = build_pulumi_layer_files({binary: toolchain.bin(binary) for binary in PULUMI_BINARIES}, install)
+    key = operator_image_key(_fingerprint(pulumi_files))
     name = f"{OPERATOR_REPOSITORY}:{key}"
     out = images_dir() / f"strata-operator-{key}.oci.tar"
     if out.exists():
@@ -239,6 +327,7 @@ def build_operator_image(toolchain: Toolchain, python_host: Path | None = None,
         return ImageArchive(name, out)
     started = time.monotonic()
     base = _base_rootfs(say)
+    pulumi_layer = _pulumi_layer(pulumi_files, say)
     with tempfile.TemporaryDirectory(prefix="strata-image-") as tmp:
         rootfs, wheels = Path(tmp, "rootfs"), Path(tmp, "rootfs", "tmp", "wheels")
         rootfs.mkdir()
@@ -256,25 +345,22 @@ def build_operator_image(toolchain: Toolchain, python_host: Path | None = None,
                     "--disable-pip-version-check", "--no-compile", "--find-links", "/tmp/wheels", "strata"],
                    "pip install in the image", "see the wheels built above")
         shutil.rmtree(wheels)
-        bin_dir = rootfs / "usr" / "local" / "bin"
-        for binary in PULUMI_BINARIES:
-            shutil.copy2(toolchain.bin(binary), bin_dir / binary)
-        if python_host is not None:
-            for sibling in python_host.parent.glob("pulumi-language-python*"):
-                shutil.copy2(sibling, bin_dir / sibling.name)
         _check(["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(OPERATOR_USER), "strata"],
                "useradd", "rebuild")
         layer = Path(tmp, "layer.tar")
         with step("writing the image layer", say):
             _check(["tar", "--numeric-owner", "--xattrs", "-cf", str(layer), "-C", str(rootfs), "."],
                    "tar", "free disk space")
+        layers = [layer, pulumi_layer]
         config = build_image_config(
             entrypoint=["python", "-m", "strata_operator"], user=str(OPERATOR_USER), workdir="/home/strata",
             env={"PATH": "/opt/strata/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/home/strata",
+                 "PULUMI_HOME": IMAGE_PULUMI_HOME,
                  "STRATA_OPERATOR_STATE": "/home/strata/state", "PYTHONDONTWRITEBYTECODE": "1"},
-            layer_digest=f"sha256:{_sha256_file(layer)}", ports=(8383, 8384))
-        write_oci_archive(layer, config, name, out)
-    for stale in images_dir().glob("strata-operator-*.oci.tar"):  # 700 MB each: keep the newest only
+            layer_digests=[f"sha256:{_sha256_file(path)}" for path in layers], ports=(8383, 8384))
+        with step("writing the image archive", say):
+            write_oci_archive(layers, config, name, out)
+    for stale in images_dir().glob("strata-operator-*.oci.tar"):  # a gigabyte each: keep the newest only
         if stale != out:
             stale.unlink()
     say(f"operator image {name} built in {format_seconds(time.monotonic() - started)} "
@@ -295,5 +381,5 @@ def load_image(archive: ImageArchive, containerd_socket: Path) -> None:
 
 def ambient_python_host() -> Path | None:
     """The user's pulumi-language-python, if any (`make setup` does not build one)."""
-    found = shutil.which("pulumi-language-python") or (Path.home() / ".pulumi/bin/pulumi-language-python")
+    found = shutil.which("pulumi-language-python") or (preflight.pulumi_home() / "bin" / "pulumi-language-python")
     return Path(found) if Path(found).exists() else None

@@ -594,6 +594,10 @@ class LocalPlatform:
         forwarding = Path("/proc/sys/net/ipv4/ip_forward")
         if forwarding.read_text().strip() != "1":  # restored by `down` (recorded in nodes/host.json)
             forwarding.write_text("1")
+        try:  # removed by `down` with the other chains added since the record
+            cluster_addons.ensure_pod_egress()
+        except realnode.RealNodeError as error:
+            raise PlatformError(f"real nodes: {error}") from None
         proxy_ports = self._kube_proxy_ports()
         kubeconfig = self.state / "kubeconfigs" / "kube-proxy.kubeconfig"
         issue_client_certificate(self.pki, "kube-proxy", "system:kube-proxy", None)

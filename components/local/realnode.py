@@ -8,7 +8,8 @@ A real node needs root and changes the host; `stop_nodes` undoes every change, r
   forwards that address to the apiserver on loopback and in-cluster clients work unchanged;
 - mounts under the node's directory (kubelet's root, pod volumes, container root filesystems);
 - cgroups under /strata-<node> in every hierarchy;
-- iptables and ip6tables chains kubelet or kube-proxy add (KUBE-FIREWALL, KUBE-SERVICES, ...);
+- iptables and ip6tables chains kubelet or kube-proxy add (KUBE-FIREWALL, KUBE-SERVICES, ...), and the
+  cluster profile's masquerade of the pods' egress (STRATA-POD-EGRESS, cluster_addons.py);
 - the sysctls kubelet sets (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) and
   net.ipv4.ip_forward (set for kube-proxy in the cluster profile, cluster_addons.py): restored;
 - /var/lib/kubelet, /var/log/containers and /var/log/pods, where kubelet creates them.
@@ -185,8 +186,25 @@ def build_cni_config(node: RealNode) -> dict:
     }
 
 
-def build_kubelet_config(node: RealNode, ca_file: Path, cluster_dns: str | None = None) -> dict:
-    """`cluster_dns`: the DNS add-on's Service address written into pods' resolv.conf (none: the host's)."""
+# systemd-resolved's list of the upstream servers, which its stub at 127.0.0.53 forwards to.
+RESOLVED_UPSTREAMS = Path("/run/systemd/resolve/resolv.conf")
+
+
+def host_resolver_file(host_resolv_conf: str, resolved_upstreams_exist: bool) -> str:
+    """The host's resolver as a pod reaches it (kubelet's resolvConf: CoreDNS's upstream, and the dev profile's
+    pods' resolver). A loopback nameserver (systemd-resolved's stub) is the pod's own loopback there, which
+    CoreDNS would forward to itself: then the upstreams behind the stub, as kubeadm does."""
+    servers = [line.split()[1] for line in host_resolv_conf.splitlines()
+               if line.split()[:1] == ["nameserver"] and len(line.split()) > 1]
+    if servers and all(s.startswith("127.") or s == "::1" for s in servers) and resolved_upstreams_exist:
+        return str(RESOLVED_UPSTREAMS)
+    return "/etc/resolv.conf"
+
+
+def build_kubelet_config(node: RealNode, ca_file: Path, cluster_dns: str | None = None,
+                         resolv_conf: str = "/etc/resolv.conf") -> dict:
+    """`cluster_dns`: the DNS add-on's Service address written into pods' resolv.conf (none: the host's).
+    `resolv_conf`: the host's resolver file (host_resolver_file)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "address": NODE_ADDRESS, "port": node.kubelet_port, "readOnlyPort": 0,
@@ -203,7 +221,7 @@ def build_kubelet_config(node: RealNode, ca_file: Path, cluster_dns: str | None 
         "registerWithTaints": [TAINT],
         "clusterDomain": CLUSTER_DOMAIN,
         **({"clusterDNS": [cluster_dns]} if cluster_dns else {}),
-        "resolvConf": "/etc/resolv.conf",
+        "resolvConf": resolv_conf,
         "makeIPTablesUtilChains": False,
         # A developer's disk is often fuller than a server's: evict only when it is really full.
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs.available": "2%",
@@ -426,7 +444,9 @@ def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder, cluster
     issue_client_certificate(pki, f"node-{name}", f"system:node:{name}", "system:nodes")
     write_private(directory / "kubeconfig", kubeconfig_builder(f"node-{name}"))
     (directory / "containerd.toml").write_text(build_containerd_config(node))
-    (directory / "kubelet.yaml").write_text(yaml.safe_dump(build_kubelet_config(node, pki / "ca.crt", cluster_dns)))
+    resolv_conf = host_resolver_file(Path("/etc/resolv.conf").read_text(), RESOLVED_UPSTREAMS.exists())
+    (directory / "kubelet.yaml").write_text(yaml.safe_dump(build_kubelet_config(node, pki / "ca.crt", cluster_dns,
+                                                                                resolv_conf)))
     node.certs_dir.mkdir(exist_ok=True)
     if registry_port is not None:
         from .registry import write_containerd_hosts

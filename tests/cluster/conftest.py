@@ -5,12 +5,15 @@ platform per host. Images reach the nodes as users ship them: pushed to the regi
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from kubernetes import client
 
 from strata_components.local import realnode
-from strata_components.local.images import ambient_python_host, build_operator_image
+from strata_components.local.images import build_operator_image, user_pulumi_install
+from strata_components.local.operator_host import operator_host
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 from strata_components.local.toolchain import Toolchain
 
@@ -35,8 +38,9 @@ def nodes(platform: LocalPlatform) -> list[realnode.RealNode]:
 
 @pytest.fixture(scope="session")
 def python_image(toolchain: Toolchain, platform: LocalPlatform) -> str:
-    """An image with python3 (the operator image, cached by content), pushed to the platform's registry."""
-    image = build_operator_image(toolchain, python_host=ambient_python_host(), say=print)
+    """The operator image (cached by content; python3, the Python language host and the layers' provider
+    plugins), pushed to the platform's registry as `strata image build --push` pushes it."""
+    image = build_operator_image(toolchain, user_pulumi_install(), say=print)
     return platform.push_image(image, "strata-operator", image.name.rsplit(":", 1)[1])
 
 
@@ -44,3 +48,22 @@ def on_node(name: str, **spec) -> dict:
     """A pod spec pinned to one real node."""
     return {"nodeSelector": {**realnode.NODE_LABEL, "kubernetes.io/hostname": name},
             "tolerations": [dict(realnode.TOLERATION)], **spec}
+
+
+@pytest.fixture
+def pod_operator(platform, toolchain, kube_client, python_image, tmp_path_factory) -> Iterator[str]:
+    """The operator on the host with `--executor pod`, its workspace image pulled from the registry."""
+    namespace = f"s3-pod-{uuid.uuid4().hex[:5]}"
+    client.CoreV1Api(kube_client).create_namespace({"metadata": {"name": namespace}})
+    toleration = realnode.TOLERATION
+    host = operator_host(platform, toolchain, tmp_path_factory.mktemp("s3-operator"), executor="pod", extra_args=(
+        "--executor", "pod", "--workspace-image", python_image, "--workspace-image-pull-policy", "IfNotPresent",
+        *(arg for key, value in realnode.NODE_LABEL.items() for arg in ("--workspace-node-selector", f"{key}={value}")),
+        "--workspace-toleration", f"{toleration['key']}={toleration['value']}:{toleration['effect']}",
+        "--no-leader-election", "--min-resync-seconds", "3", "--namespace", namespace))
+    try:
+        host.start()
+        yield namespace
+    finally:
+        host.stop()
+        client.CoreV1Api(kube_client).delete_namespace(namespace)

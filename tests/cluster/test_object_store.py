@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from strata_components.local import objectstore, processes, realnode
-from strata_components.local.operator_host import operator_host
 
 PROJECT = "name: {name}\nruntime: yaml\nresources:\n  note:\n    type: pulumi:index:Stash\n    properties:\n" \
           "      input: {where}\noutputs:\n  where: ${{note.input}}\n"
@@ -78,25 +76,6 @@ def test_wrong_credentials_and_a_missing_bucket_are_named(platform, pulumi_env, 
                       "stack", "init", "dev")
     assert missing.returncode != 0 and any(word in missing.stderr for word in ("NoSuchBucket", "NotFound", "404")), \
         missing.stderr
-
-
-@pytest.fixture
-def pod_operator(platform, toolchain, kube_client, python_image, tmp_path_factory) -> Iterator[str]:
-    """The operator on the host with `--executor pod`, its workspace image pulled from the registry."""
-    namespace = f"s3-pod-{uuid.uuid4().hex[:5]}"
-    client.CoreV1Api(kube_client).create_namespace({"metadata": {"name": namespace}})
-    toleration = realnode.TOLERATION
-    host = operator_host(platform, toolchain, tmp_path_factory.mktemp("s3-operator"), executor="pod", extra_args=(
-        "--executor", "pod", "--workspace-image", python_image, "--workspace-image-pull-policy", "IfNotPresent",
-        *(arg for key, value in realnode.NODE_LABEL.items() for arg in ("--workspace-node-selector", f"{key}={value}")),
-        "--workspace-toleration", f"{toleration['key']}={toleration['value']}:{toleration['effect']}",
-        "--no-leader-election", "--min-resync-seconds", "3", "--namespace", namespace))
-    try:
-        host.start()
-        yield namespace
-    finally:
-        host.stop()
-        client.CoreV1Api(kube_client).delete_namespace(namespace)
 
 
 def test_a_stack_with_an_s3_backend_runs_from_a_workspace_pod(platform, kube_client, pod_operator):

@@ -1,10 +1,13 @@
 """Nodes like a cluster's: pods on either real node find Services by name (CoreDNS) and reach them across
-nodes (kube-proxy), the `kubernetes` Service included."""
+nodes (kube-proxy), the `kubernetes` Service included, and names outside the cluster (CoreDNS forwards to
+the host's resolver, the pods' egress masqueraded)."""
 
 from __future__ import annotations
 
 import json
+import socket
 
+import pytest
 from kubernetes import client
 
 from strata_components.local import cluster_addons, processes, realnode
@@ -33,7 +36,10 @@ def test_coredns_runs_on_every_real_node_behind_kube_dns(kube_client, nodes):
     core = client.CoreV1Api(kube_client)
     pods = core.list_namespaced_pod(cluster_addons.DNS_NAMESPACE, label_selector="k8s-app=kube-dns").items
     assert sorted(pod.spec.node_name for pod in pods) == sorted(node.name for node in nodes)
-    assert all(any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions) for pod in pods)
+    assert all(any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions) for pod in pods), [
+        (pod.metadata.name, pod.status.container_statuses,
+         core.read_namespaced_pod_log(pod.metadata.name, cluster_addons.DNS_NAMESPACE, tail_lines=20))
+        for pod in pods]
     service = core.read_namespaced_service("kube-dns", cluster_addons.DNS_NAMESPACE)
     assert service.spec.cluster_ip == realnode.CLUSTER_DNS
     slices = client.DiscoveryV1Api(kube_client).list_namespaced_endpoint_slice(
@@ -75,3 +81,27 @@ def test_a_pod_on_either_node_resolves_names_and_reaches_a_service_backed_on_the
         assert result["version"].startswith("v1.34")
         assert f"nameserver {realnode.CLUSTER_DNS}" in result["resolv"]
         assert f"search {namespace}.svc.cluster.local svc.cluster.local cluster.local" in result["resolv"]
+
+
+# Where `make setup`'s host packages come from: a name outside the cluster that the host resolves.
+OUTSIDE_NAME = "deb.debian.org"
+
+
+def test_a_pod_on_either_node_resolves_a_name_outside_the_cluster_through_the_hosts_resolver(
+        kube_client, namespace, nodes, python_image):
+    try:
+        socket.getaddrinfo(OUTSIDE_NAME, None, socket.AF_INET)
+    except OSError as error:
+        pytest.skip(f"NOT RUN: this host itself does not resolve {OUTSIDE_NAME} ({error})")
+    core = client.CoreV1Api(kube_client)
+    for node in nodes:
+        name = f"outside-{node.name}"
+        script = (f"import json, socket; print('RESULT ' + json.dumps(sorted({{a[4][0] for a in "
+                  f"socket.getaddrinfo({OUTSIDE_NAME!r}, None, socket.AF_INET)}})))")
+        core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": on_node(
+            node.name, restartPolicy="Never", containers=[{"name": "main", "image": python_image,
+                                                           "command": ["python3", "-c", script]}])})
+        pod = wait_phase(core, namespace, name, {"Succeeded", "Failed"})
+        log = core.read_namespaced_pod_log(name, namespace)
+        assert pod.status.phase == "Succeeded", log  # socket.gaierror: the name did not resolve
+        assert json.loads(log.split("RESULT ", 1)[1]), log

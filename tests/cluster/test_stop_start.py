@@ -1,5 +1,5 @@
 """The platform's added processes stop and start with it: `down` undoes what Service networking changed on
-the host, and after `up` the registry still serves what was pushed before."""
+the host (the pods' masquerade too), and after `up` the registry still serves what was pushed before."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from strata_components.local import realnode, registry
+from strata_components.local import cluster_addons, realnode, registry
 from strata_components.local.platform import LocalPlatform
 
 from .conftest import on_node, wait_phase
@@ -30,7 +30,7 @@ def test_down_undoes_the_hosts_changes_and_up_brings_back_the_registry_with_its_
     record = json.loads((platform.state / "nodes" / "host.json").read_text())
     running = _host_view()
     assert running["sysctls"][realnode.FORWARDING_SYSCTL] == "1"
-    assert "KUBE-SERVICES" in running["iptables"]["nat"], running["iptables"]
+    assert {"KUBE-SERVICES", cluster_addons.POD_EGRESS_CHAIN} <= set(running["iptables"]["nat"]), running["iptables"]
 
     platform.down(say=print)
     try:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from strata_components.local import realnode
-from strata_components.local.images import ImageArchive, ambient_python_host, build_operator_image, load_image
+from strata_components.local.images import ImageArchive, build_operator_image, load_image, user_pulumi_install
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 from strata_components.local.toolchain import Toolchain
 
@@ -40,7 +40,7 @@ def node(platform: LocalPlatform) -> realnode.RealNode:
 @pytest.fixture(scope="session")
 def operator_image(toolchain: Toolchain, node: realnode.RealNode) -> ImageArchive:
     """The operator image (cached by content; about 45 s when the sources changed), loaded into the node."""
-    image = build_operator_image(toolchain, python_host=ambient_python_host(), say=print)
+    image = build_operator_image(toolchain, user_pulumi_install(), say=print)
     load_image(image, node.containerd_socket)
     return image
 

@@ -398,8 +398,8 @@ def team_image(toolchain, node, tmp_path_factory) -> dict:
         tar.addfile(tmp)
     name = f"strata.local/team-pulumi:{marker.removeprefix('team-image-')}"
     config = build_image_config(entrypoint=["/usr/local/bin/pulumi"], env={"PATH": "/usr/local/bin"},
-                                user=str(RUN_AS), workdir="/tmp", layer_digest=f"sha256:{_sha256(layer)}")
-    write_oci_archive(layer, config, name, work / "image.tar")
+                                user=str(RUN_AS), workdir="/tmp", layer_digests=[f"sha256:{_sha256(layer)}"])
+    write_oci_archive([layer], config, name, work / "image.tar")
     load_image(ImageArchive(name, work / "image.tar"), node.containerd_socket)
     return {"name": name, "marker": marker}
 

@@ -78,3 +78,23 @@ def test_every_label_value_is_one_the_apiserver_accepts():
     objects = [cluster_addons.build_apiserver_endpoints(6443), *cluster_addons.build_coredns_objects("x:1", 2)]
     values = [v for obj in objects for v in obj["metadata"].get("labels", {}).values()]
     assert values and all(len(v) <= 63 and valid.fullmatch(v) for v in values), values
+
+
+def test_pods_reach_the_hosts_resolver_through_its_upstreams_when_it_is_a_loopback_stub():
+    """systemd-resolved's 127.0.0.53 is a pod's own loopback: CoreDNS would forward to itself."""
+    stub = "# systemd-resolved\nnameserver 127.0.0.53\noptions edns0 trust-ad\nsearch lan\n"
+    assert realnode.host_resolver_file(stub, resolved_upstreams_exist=True) == "/run/systemd/resolve/resolv.conf"
+    assert realnode.host_resolver_file(stub, resolved_upstreams_exist=False) == "/etc/resolv.conf"
+    assert realnode.host_resolver_file("nameserver 10.255.255.53\n", True) == "/etc/resolv.conf"
+    assert realnode.host_resolver_file("nameserver 127.0.0.53\nnameserver 192.0.2.1\n", True) == "/etc/resolv.conf"
+    node = realnode.RealNode(name="real-0", index=0, directory=Path("/n"), kubelet_port=1, healthz_port=2)
+    assert realnode.build_kubelet_config(node, Path("/ca.crt"), resolv_conf="/x")["resolvConf"] == "/x"
+
+
+def test_what_pods_send_off_the_bridge_is_masqueraded_from_a_chain_down_removes():
+    chain_rule, jump = cluster_addons.build_pod_egress_rules()
+    assert chain_rule == ["-t", "nat", "-A", cluster_addons.POD_EGRESS_CHAIN, "-j", "MASQUERADE"]
+    assert jump[:4] == ["-t", "nat", "-A", "POSTROUTING"] and jump[-2:] == ["-j", cluster_addons.POD_EGRESS_CHAIN]
+    assert jump[4:8] == ["-s", "10.88.0.0/16", "!", "-o"] and jump[8] == realnode.BRIDGE
+    assert "forward . /etc/resolv.conf" in cluster_addons.COREFILE  # kubelet's resolvConf: the host's resolver
+

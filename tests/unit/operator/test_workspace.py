@@ -247,8 +247,10 @@ def test_updates_in_a_workspace_pod_run_in_the_pods_own_environment(tmp_path):
     path = env["PATH"].split(":")
     assert path[:3] == [str(bin_dir), "/usr/bin", f"{BUNDLE_DIR}/bin"]
     assert env["HOME"].startswith(str(tmp_path / "workspace"))
-    # The operator image's own agent: no bundle, its own python.
-    assert agent_engine_settings({"PATH": str(bin_dir)}, tmp_path / "w").python_command == ()
+    # The operator image's own agent: no bundle, its own python; the plugins its PULUMI_HOME carries.
+    own = agent_engine_settings({"PATH": str(bin_dir), "PULUMI_HOME": "/opt/pulumi"}, tmp_path / "w")
+    assert own.python_command == ()
+    assert own.plugin_cache == Path("/opt/pulumi/plugins")
 
 
 

@@ -36,6 +36,7 @@ from ...services.redaction import REDACTOR, install_log_redaction
 from ...sources.archive import SourceError, safe_extract
 from ..port import Operation, UpdateRequest, UpdateResult
 from ..process.executor import AutomationEngine, EngineSettings
+from ..process.plugins import default_plugin_cache
 from .bundle import BUNDLE_ENV, launcher
 from .workspace_pod import RESOURCES_FIELD_ENV, RefUnavailable, resolve_in_workspace
 
@@ -222,11 +223,13 @@ def cgroup_memory_limit(root: Path) -> int | None:
 def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) -> EngineSettings:
     """Updates run in the pod's own environment (its image's PATH and ENV, workspaceTemplate's env and
     envFrom), less the agent's variables; the pulumi CLI is the image's when it has one (PKO's workspace
-    image holds it), else the operator's, which a foreign image gets through the bundle (bundle.py)."""
+    image holds it), else the operator's, which a foreign image gets through the bundle (bundle.py). The
+    provider plugins linked into every Stack's PULUMI_HOME are the image's (the operator image's PULUMI_HOME
+    holds the ones the layers use: nothing in a cluster can download them)."""
     bundle = environ.get(BUNDLE_ENV, "")
     path = os.pathsep.join(filter(None, [environ.get("PATH", ""), str(Path(bundle) / "bin") if bundle else ""]))
     return EngineSettings(
-        state_dir=workspace / "state", concurrency=2, plugin_cache=workspace / "plugins", host_path=path,
+        state_dir=workspace / "state", concurrency=2, plugin_cache=default_plugin_cache(environ), host_path=path,
         inherited_env={name: value for name, value in environ.items() if not name.startswith("STRATA_")},
         python_command=tuple(launcher(Path(bundle))) if bundle else ())
 
