@@ -27,80 +27,12 @@ import os
 import threading
 import time
 import uuid
-from collections import Counter
-
 from pathlib import Path
 
-from kubernetes import client, watch
-from kubernetes.client.rest import ApiException
+from kubernetes import client
 
-from harness import (GROUP, NAMESPACE, VERSION, is_ready, platform_with_operator, process_operator_beside, pss_tree_mb,
-                     rss_tree_mb, stash_program, workspace_agents)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-class StackWatch(threading.Thread):
-    """Every write to a Stack in the namespace, from a resourceVersion watch: when each Stack was first
-    seen Ready, and the time of every MODIFIED event, split into status writes (the status changed) and
-    other writes (metadata: finalizers, Kopf's annotations)."""
-
-    def __init__(self, bench, started: float) -> None:
-        super().__init__(daemon=True)
-        self.bench, self.started = bench, started
-        self.ready_at: dict[str, float] = {}
-        self.status_writes: list[float] = []  # seconds since `started`
-        self.other_writes: list[float] = []
-        self.last_status: dict[str, object] = {}
-        self.stopping = threading.Event()
-
-    def see(self, kind: str, stack: dict) -> None:
-        now = time.monotonic()
-        name = stack["metadata"]["name"]
-        status = stack.get("status")
-        if kind == "MODIFIED":
-            changed = status != self.last_status.get(name)
-            (self.status_writes if changed else self.other_writes).append(round(now - self.started, 2))
-        self.last_status[name] = status
-        if name not in self.ready_at and is_ready(stack):
-            self.ready_at[name] = now
-
-    def run(self) -> None:
-        custom = self.bench.custom
-        version = None
-        while not self.stopping.is_set():
-            try:
-                if version is None:  # (re)list: the baseline for every Stack, no writes counted
-                    listing = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "stacks")
-                    for stack in listing["items"]:
-                        self.see("LISTED", stack)
-                    version = listing["metadata"]["resourceVersion"]
-                for event in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION, NAMESPACE,
-                                                  "stacks", resource_version=version, timeout_seconds=60,
-                                                  allow_watch_bookmarks=True):
-                    stack = event["object"]
-                    if event["type"] not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
-                        raise RuntimeError(f"Stack watch: {event['type']} {stack}")
-                    version = stack["metadata"]["resourceVersion"]
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self.see(event["type"], stack)
-                    if self.stopping.is_set():
-                        return
-            except ApiException as error:
-                if error.status != 410:
-                    raise
-                version = None  # expired: relist
-            except Exception:
-                if self.stopping.is_set():
-                    return  # the platform went down after the figures were taken
-                raise
-
-    def per_minute(self, writes: list[float], start: float, end: float) -> list[int]:
-        minutes = Counter(int((at - start) // 60) for at in writes if start <= at < end)
-        return [minutes.get(index, 0) for index in range(max(1, int((end - start) // 60)))]
+from harness import (GROUP, NAMESPACE, VERSION, StackWatch, cpu_seconds, is_ready, platform_with_operator, process_operator_beside,
+                     pss_tree_mb, rss_tree_mb, stash_program, workspace_agents)
 
 
 def timed_update(bench, name: str) -> float:

@@ -5,13 +5,19 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import json
 import os
 import tempfile
+import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+import urllib3
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
 from strata_components.local import realnode
 from strata_components.local.images import build_operator_image, load_image, user_pulumi_install
@@ -68,14 +74,15 @@ class Bench:
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "programs", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": name}, "program": program})
 
-    def create_stack(self, name: str, program: str, backend: str) -> None:
+    def create_stack(self, name: str, program: str, backend: str, labels: dict[str, str] | None = None) -> None:
         spec = {"stack": name, "backend": backend, "programRef": {"name": program},
                 "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi",
                                                                                        "key": "passphrase"}}}}
         if self.workspace_template is not None:
             spec["workspaceTemplate"] = self.workspace_template
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name}, "spec": spec})
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name, "labels": labels or {}},
+            "spec": spec})
 
     def stacks(self) -> list[dict[str, Any]]:
         return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks")["items"]
@@ -87,6 +94,91 @@ class Bench:
 def is_ready(stack: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True"
                for c in (stack.get("status") or {}).get("conditions") or [])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class StackWatch(threading.Thread):
+    """Every write to a Stack in the namespace, from a resourceVersion watch: when each Stack was first
+    seen Ready, and the time of every MODIFIED event, split into status writes (the status changed) and
+    other writes (metadata: finalizers, Kopf's annotations). It outlives an apiserver or etcd outage, going on
+    from the last resourceVersion seen."""
+
+    def __init__(self, bench, started: float) -> None:
+        super().__init__(daemon=True)
+        self.bench, self.started = bench, started
+        self.ready_at: dict[str, float] = {}
+        self.status_writes: list[float] = []  # seconds since `started`
+        self.other_writes: list[float] = []
+        self.last_status: dict[str, object] = {}
+        self.stopping = threading.Event()
+
+    def see(self, kind: str, stack: dict) -> None:
+        now = time.monotonic()
+        name = stack["metadata"]["name"]
+        status = stack.get("status")
+        if kind == "MODIFIED":
+            changed = status != self.last_status.get(name)
+            (self.status_writes if changed else self.other_writes).append(round(now - self.started, 2))
+        self.last_status[name] = status
+        if name not in self.ready_at and is_ready(stack):
+            self.ready_at[name] = now
+
+    def run(self) -> None:
+        custom, namespace = self.bench.custom, self.bench.namespace
+        version = None
+        while not self.stopping.is_set():
+            try:
+                if version is None:  # (re)list: the baseline for every Stack, no writes counted
+                    listing = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "stacks")
+                    for stack in listing["items"]:
+                        self.see("LISTED", stack)
+                    version = listing["metadata"]["resourceVersion"]
+                for event in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION, namespace,
+                                                  "stacks", resource_version=version, timeout_seconds=60,
+                                                  allow_watch_bookmarks=True):
+                    stack = event["object"]
+                    if event["type"] == "ERROR":  # the server ended the watch (etcd gone, say): list again
+                        version = None
+                        break
+                    if event["type"] not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+                        raise RuntimeError(f"Stack watch: {event['type']} {stack}")
+                    version = stack["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.see(event["type"], stack)
+                    if self.stopping.is_set():
+                        return
+            except ApiException as error:
+                if error.status == 410:
+                    version = None  # expired: relist
+                elif error.status >= 500:
+                    time.sleep(1)  # the apiserver without etcd: go on from the last version seen
+                else:
+                    raise
+            except urllib3.exceptions.HTTPError:
+                time.sleep(1)  # the apiserver stopped (the chaos benchmark does that): go on once it is back
+            except Exception:
+                if self.stopping.is_set():
+                    return  # the platform went down after the figures were taken
+                raise
+
+    def per_minute(self, writes: list[float], start: float, end: float) -> list[int]:
+        minutes = Counter(int((at - start) // 60) for at in writes if start <= at < end)
+        return [minutes.get(index, 0) for index in range(max(1, int((end - start) // 60)))]
+
+
+def engine_runs(backend: Path, since: float = 0) -> Counter:
+    """Engine runs per stack from a file:// backend's own update history (one file per finished `pulumi up`,
+    whatever the operator logged or recorded), those started at or after `since` (Unix time)."""
+    runs: Counter = Counter()
+    for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json"):
+        update = json.loads(entry.read_text())
+        if update.get("kind") == "update" and update.get("startTime", 0) >= since:
+            runs[entry.parent.name] += 1
+    return runs
 
 
 def _memory_kb(pid: int, path: str, field: str) -> int:
