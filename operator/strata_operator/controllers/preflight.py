@@ -33,6 +33,10 @@ API_WAIT_SECONDS = 300.0
 API_RETRY_SECONDS = 2.0
 API_REPEAT_SECONDS = 30.0
 REQUEST_TIMEOUT = (5.0, 15.0)
+# An API server that has just started answers before its caches are synced: 403 to everything RBAC
+# would allow, 404 for CRDs. A cause is one only if it still holds this long after it was first seen
+# (seen: an apiserver restarted under a waiting operator refused its first check with 403, and it exited).
+CAUSE_SETTLE_SECONDS = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,12 +197,12 @@ def _api_failures(settings: PreflightSettings, wait: bool) -> list[Failure]:
         return [Failure(f"no usable Kubernetes credentials ({type(err).__name__}: {err})",
                         "pass --kubeconfig or set KUBECONFIG to a kubeconfig for the operator, or run it in a pod "
                         "with a ServiceAccount")]
-    waited_since, said = time.monotonic(), 0.0
+    waited_since, said, found_since = time.monotonic(), 0.0, None
     # urllib3 logs each of its own retries of a refused connection: the wait below says it once.
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     while True:
         try:
-            return _ask(api, settings)
+            failures = _ask(api, settings)
         except ApiUnavailable as err:
             if not wait:
                 return []
@@ -210,6 +214,13 @@ def _api_failures(settings: PreflightSettings, wait: bool) -> list[Failure]:
                 logger.warning("waiting for the API server %s before starting: %s", api.server, err)
                 said = now
             time.sleep(API_RETRY_SECONDS)
+            continue
+        if not failures or not wait:
+            return failures
+        found_since = found_since or time.monotonic()
+        if time.monotonic() - found_since >= CAUSE_SETTLE_SECONDS:
+            return failures
+        time.sleep(API_RETRY_SECONDS)
 
 
 def _ask(api: _Api, settings: PreflightSettings) -> list[Failure]:
