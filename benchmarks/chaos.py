@@ -110,6 +110,10 @@ class Operator:
         self.start()
         return True
 
+    def leadership_losses(self) -> int:
+        """Restarts in place: the operator that cannot renew its Lease kills its workers and stands by."""
+        return self.host.log.read_text(errors="replace").count("lost leadership")
+
     def log_lines(self) -> int:
         with open(self.host.log, "rb") as log:
             return sum(1 for _ in log)
@@ -303,11 +307,13 @@ def main() -> None:
             "stacks_not_ready": sorted(s["metadata"]["name"] for s in stacks if not is_ready(s)),
             "engine_runs_per_round": totals, "locks_left": locks_left(backends),
             "operator_restarts": operator.restarts, "operator_own_exits": operator.own_exits,
+            "operator_restarts_in_place": operator.leadership_losses(),
             "status_writes": len(watch.status_writes), "other_writes": len(watch.other_writes),
             "load_average_1m": round(os.getloadavg()[0], 1)})
         print(f"end: {len(stacks)} Stacks, {len(figures['stacks_not_ready'])} not Ready (must be 0); engine runs per "
               f"round {totals} (expected {2 * args.stacks} each); locks left {figures['locks_left']}; operator "
-              f"restarts {operator.restarts} ({operator.own_exits} on its own); 1-min load "
+              f"restarts {operator.restarts} ({operator.own_exits} on its own), in place (leadership lost) "
+              f"{figures['operator_restarts_in_place']}; 1-min load "
               f"{figures['load_average_1m']}", flush=True)
         write_json(args.json, figures)
 
