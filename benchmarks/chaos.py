@@ -158,11 +158,12 @@ def locks_left(backends: dict[str, Path]) -> int:
 
 
 def run_phase(bench: Bench, operator: Operator, watch: StackWatch, fault: str, revision: str, count: int,
-              rng: random.Random) -> dict:
-    """Wait until the round's `count` Stacks are done with `revision`, striking at random shares of done."""
+              rng: random.Random, wall_started: float) -> dict:
+    """Wait until the round's `count` Stacks are done with `revision`, striking at random shares of done;
+    `wall_started` is when the phase's change was made (its engine runs are those started since)."""
     pending = strikes(fault, bench, operator)
     shares = sorted(rng.uniform(0.05, 0.85) for _ in pending)
-    started, wall_started = time.monotonic(), time.time()
+    started = time.monotonic()
     deadline = started + 300 + 5 * count
     outages: list[Outage] = []
     active: tuple[Strike, Outage, int | None, float, int] | None = None  # the strike, its outage, the operator then
@@ -222,7 +223,7 @@ def run_phase(bench: Bench, operator: Operator, watch: StackWatch, fault: str, r
 
 def phase_figures(phase: dict, backends: dict[str, Path], fault: str, count: int) -> dict:
     """Engine runs of the phase (from the backends' history): the round's per Stack, and the other rounds'."""
-    since = phase.pop("wall_started")
+    since = int(phase.pop("wall_started"))  # the history's startTime is in whole seconds
     runs = engine_runs(backends[fault], since)
     others = sum(sum(engine_runs(backend, since).values()) for name, backend in backends.items() if name != fault)
     return {**phase, "engine_runs": sum(runs.values()), "duplicate_runs": sum(n - 1 for n in runs.values() if n > 1),
@@ -282,20 +283,22 @@ def main() -> None:
             backend = bench.backend(f"chaos-{fault}")
             backends[fault] = Path(backend.removeprefix("file://"))
             bench.create_program(fault, stash_program(args.resources))
+            changed = time.time()  # the first Stacks start running while the others are being created
             for index in range(args.stacks):
                 bench.create_stack(f"{fault}-{index:04d}", fault, backend, labels={ROUND_LABEL: fault})
             print(f"{fault}: {args.stacks} Stacks created, the fill", flush=True)
             rounds = figures["rounds"][fault] = {}
-            rounds["fill"] = phase_figures(run_phase(bench, operator, watch, fault, f"{fault}/1", args.stacks, rng),
-                                           backends, fault, args.stacks)
+            fill = run_phase(bench, operator, watch, fault, f"{fault}/1", args.stacks, rng, changed)
+            rounds["fill"] = phase_figures(fill, backends, fault, args.stacks)
             say_phase(fault, "fill", rounds["fill"])
             say_events(bench, rounds["fill"]["stacks_run_twice_or_more"])
             write_json(args.json, figures)
+            changed = time.time()
             bench.custom.patch_namespaced_custom_object(GROUP, VERSION, bench.namespace, "programs", fault,
                                                         {"program": stash_program(args.resources + 1)})
             print(f"{fault}: the Program changed, every Stack re-runs", flush=True)
-            rounds["change"] = phase_figures(run_phase(bench, operator, watch, fault, f"{fault}/2", args.stacks, rng),
-                                             backends, fault, args.stacks)
+            change = run_phase(bench, operator, watch, fault, f"{fault}/2", args.stacks, rng, changed)
+            rounds["change"] = phase_figures(change, backends, fault, args.stacks)
             say_phase(fault, "change", rounds["change"])
             say_events(bench, rounds["change"]["stacks_run_twice_or_more"])
             write_json(args.json, figures)
