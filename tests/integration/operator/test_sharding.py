@@ -7,6 +7,7 @@ its prerequisite in another, and runs as soon as that one is Ready."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,11 @@ def _finalizers(obj) -> list[str]:
     return obj["metadata"].get("finalizers") or []
 
 
+def _ran(operator: Operator, namespace: str, name: str) -> bool:
+    """Whether this operator ran the Stack: its per-Stack workdir exists only in the state of the one that did."""
+    return (operator.state_dir / "stacks" / namespace / name).is_dir()
+
+
 def _finalizer(shard: str | None) -> str:
     return Shard.of(MAIN_SELECTOR if shard is None else f"{SHARD_KEY}={shard}").finalizer
 
@@ -62,7 +68,7 @@ def test_shards_split_the_stacks_each_run_by_exactly_one(sharded, stacks):
         for _ in range(2):
             name = unique(shard or "main")
             names[name] = shard
-            body = stacks.spec(programRef={"name": "stash"}, destroyOnFinalize=True)
+            body = stacks.spec(stack=name, programRef={"name": "stash"})
             stacks.custom.create_namespaced_custom_object("pulumi.com", "v1", stacks.namespace, "stacks", {
                 "apiVersion": "pulumi.com/v1", "kind": "Stack",
                 "metadata": {"name": name, "labels": _labels(shard)}, "spec": body})
@@ -71,12 +77,8 @@ def test_shards_split_the_stacks_each_run_by_exactly_one(sharded, stacks):
         # Held by its own operator's finalizer only: the main one keeps PKO's, a shard its own.
         assert _finalizers(ready) == [_finalizer(shard)], (name, shard)
         assert stacks.runs(name) == 1, f"{name} ran {stacks.runs(name)} times"
-    for shard, each in sharded.items():
-        log = each.log_text()
-        owned = {name for name, owner in names.items() if owner == shard}
-        # Every operator logs the Stacks it runs by [namespace/name]; never another's.
-        for name in names:
-            assert (f"[{stacks.namespace}/{name}]" in log) is (name in owned), (shard, name)
+    for name, owner in names.items():
+        assert [shard for shard, each in sharded.items() if _ran(each, stacks.namespace, name)] == [owner], name
     assert _finalizer(None) == FINALIZER
 
 
@@ -85,29 +87,30 @@ def test_a_relabelled_stack_moves_to_the_other_shard_and_is_destroyed_by_it(shar
     name = unique("moving")
     stacks.custom.create_namespaced_custom_object("pulumi.com", "v1", stacks.namespace, "stacks", {
         "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name, "labels": _labels("shard1")},
-        "spec": stacks.spec(programRef={"name": "stash"}, destroyOnFinalize=True)})
+        "spec": stacks.spec(stack=name, programRef={"name": "stash"}, destroyOnFinalize=True)})
     stacks.wait_ready(name, timeout=120)
-    since = len(sharded["shard2"].log_text())
+    assert _ran(sharded["shard1"], stacks.namespace, name) and not _ran(sharded["shard2"], stacks.namespace, name)
     stacks.patch(name, {"metadata": {"labels": {SHARD_KEY: "shard2"}}})
     moved = stacks.wait(name, lambda o: _finalizers(o) == [_finalizer("shard2")], 60,
                         "shard1's finalizer gone, shard2's in its place")
     assert has_condition(moved, "Ready")
-    processes.wait_until(lambda: f"[{stacks.namespace}/{name}]" in sharded["shard2"].log_text()[since:], 30,
-                         "shard2 handles the Stack", log=sharded["shard2"].log)
-    # A new spec now runs on shard2; shard1 no longer acts on it.
-    shard1_before = sharded["shard1"].log_text()
+    # A new spec now runs on shard2, once; shard1 no longer acts on it.
     stacks.program("stash-2", stash_program(value="moved"))
     stacks.patch(name, {"spec": {"programRef": {"name": "stash-2"}}})
     done = stacks.wait(name, lambda o: has_condition(o, "Ready") and
                        (o["status"].get("outputs") or {}).get("value") == "moved", 120, "the new spec ran")
     assert done["status"]["lastUpdate"]["state"] == "succeeded"
-    assert sharded["shard1"].log_text().count(f"[{stacks.namespace}/{name}]") == \
-        shard1_before.count(f"[{stacks.namespace}/{name}]")
+    assert _ran(sharded["shard2"], stacks.namespace, name)
+    assert stacks.runs(name) == 2, f"ran {stacks.runs(name)} times for two specs"
+    # The Program's name is the project's: the stack lives under stash-2 now.
+    state = Path(stacks.backend.removeprefix("file://")) / ".pulumi" / "stacks" / "stash-2" / f"{name}.json"
+    assert state.is_file(), "the stack's state file, where the backend keeps it"
     stacks.delete(name)
     # Only shard2's finalizer held it: gone means shard2's delete handler destroyed it and let go.
     processes.wait_until(lambda: stacks.get(name) is None, 120, "shard2 destroyed and released it",
                          log=sharded["shard2"].log)
-    assert [e for e in stacks.events(name, "StackUpdateDetected") if "destroy" in (e.message or "")]
+    # destroyOnFinalize: destroyed and removed from the backend, nothing of it left there.
+    assert not state.exists(), "the stack is still in the backend"
 
 
 def test_a_stack_waits_for_its_prerequisite_in_another_shard(sharded, stacks):
@@ -115,11 +118,11 @@ def test_a_stack_waits_for_its_prerequisite_in_another_shard(sharded, stacks):
     first, second = unique("first"), unique("second")
     stacks.custom.create_namespaced_custom_object("pulumi.com", "v1", stacks.namespace, "stacks", {
         "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": second, "labels": _labels("shard2")},
-        "spec": stacks.spec(programRef={"name": "stash"}, prerequisites=[{"name": first}])})
+        "spec": stacks.spec(stack=second, programRef={"name": "stash"}, prerequisites=[{"name": first}])})
     stacks.wait(second, lambda o: not has_condition(o, "Ready"), 30, "waits for its prerequisite")
     stacks.custom.create_namespaced_custom_object("pulumi.com", "v1", stacks.namespace, "stacks", {
         "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": first, "labels": _labels("shard1")},
-        "spec": stacks.spec(programRef={"name": "stash"})})
+        "spec": stacks.spec(stack=first, programRef={"name": "stash"})})
     stacks.wait_ready(first, timeout=120)
     # Woken by shard1's Stack turning Ready (every operator sees every Stack's events), not by a resync.
     stacks.wait_ready(second, timeout=60)
