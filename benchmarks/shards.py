@@ -88,11 +88,15 @@ def main() -> None:
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack",
                 "metadata": {"name": f"s{index:04d}", "labels": {SHARD_KEY: owner} if owner else {}}, "spec": spec})
         deadline = started + 120 + 5 * args.stacks
+        said = 0.0
         while True:
             fleet = bench.stacks()
             ready = sum(map(is_ready, fleet))
             if ready == args.stacks:
                 break
+            if time.monotonic() - said >= 10:
+                print(f"  {time.monotonic() - started:5.0f} s: {ready}/{args.stacks} Ready", flush=True)
+                said = time.monotonic()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {ready}/{args.stacks} Stacks Ready")
             time.sleep(1)
