@@ -5,9 +5,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.strata-installed
 
-.PHONY: setup venv toolchain host-packages image up down test test-unit bench clean
+.PHONY: setup venv console-assets toolchain host-packages image up down test test-unit bench clean
 
-setup: venv toolchain host-packages
+setup: venv console-assets toolchain host-packages
 
 venv: $(STAMP)
 
@@ -18,11 +18,20 @@ $(STAMP): pyproject.toml
 	@$(VPY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
+# The console's client-side library (htmx), pinned by its lock file and served from node_modules, never a CDN.
+CONSOLE_WEB := components/console/web
+console-assets: $(CONSOLE_WEB)/node_modules/.package-lock.json
+
+$(CONSOLE_WEB)/node_modules/.package-lock.json: $(CONSOLE_WEB)/package-lock.json
+	@command -v npm >/dev/null || { echo "npm is missing: install Node.js (apt-get install -y npm), then make setup"; exit 1; }
+	@npm ci --prefix $(CONSOLE_WEB) --no-audit --no-fund --loglevel=error
+
 toolchain: venv
 	@$(VENV)/bin/strata local toolchain
 
 # Real nodes (`strata local up --real-nodes N`) need containerd, runc, CNI plugins and image tools from
-# Debian: installed as root, else named (kwok nodes need none of it).
+# Debian, and the console's browser test Chromium and its driver: installed as root, else named (kwok
+# nodes and the other tests need none of it).
 host-packages: venv
 	@$(VENV)/bin/strata local host-packages
 
@@ -46,7 +55,7 @@ down: venv
 test: setup
 	@$(VPY) tests/run.py
 
-test-unit: venv
+test-unit: venv console-assets
 	@$(VPY) tests/run.py --tiers unit
 
 bench: setup

@@ -1,6 +1,7 @@
 """The `strata` command: the local platform (`strata local ...`), the dev stack (`strata dev ...`), the
 operator (`strata operator run`) and its Stacks (`strata get stacks`, `strata reconcile stack NAME`,
-`strata logs stack NAME`, in the manner of `flux get|reconcile|logs`).
+`strata logs stack NAME`, in the manner of `flux get|reconcile|logs`), and `strata console`, the same in a
+browser.
 
 Every action is a subcommand with its own options, and a group's options are accepted before or
 after the action alike (`strata local --state-dir X up` and `strata local up --state-dir X`).
@@ -12,12 +13,14 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
-from . import stackctl
+from . import backup, stackctl
 from .local import devstack, toolchain
 from .local.images import ImageError
-from .local.platform import DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, LocalPlatform, PlatformConfig, PlatformError, default_state_dir
+from .local.platform import (CLUSTER_PROFILE_MIN_REAL_NODES, DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PROFILES,
+                             LocalPlatform, PlatformConfig, PlatformError, default_state_dir)
 from .local.processes import ProcessError
 
 
@@ -25,7 +28,7 @@ def _platform(args: argparse.Namespace) -> LocalPlatform:
     return LocalPlatform(PlatformConfig(
         state_dir=args.state_dir, nodes=args.nodes, real_nodes=args.real_nodes,
         host_controllers=tuple(args.controllers.split(",")) if args.controllers else (),
-        apiserver_port=args.apiserver_port,
+        apiserver_port=args.apiserver_port, profile=args.profile,
     ))
 
 
@@ -43,14 +46,23 @@ def _local_down(args: argparse.Namespace) -> int:
 
 
 def _local_status(args: argparse.Namespace) -> int:
-    status = _platform(args).status()
-    print(json.dumps(status, indent=1))
+    platform = _platform(args)
+    status = platform.status()
+    # Each process's state, then the ports the platform picked and keeps (the operator's included).
+    print(json.dumps({**status, "ports": platform.ports()}, indent=1))
     return 0 if all(status.values()) else 3
 
 
 def _local_env(args: argparse.Namespace) -> int:
     for key, value in _platform(args).shell_env().items():
         print(f"export {key}={shlex.quote(value)}")
+    return 0
+
+
+def _local_bucket(args: argparse.Namespace) -> int:
+    platform = _platform(args)
+    platform.create_bucket(args.name)
+    print(platform.s3_backend_url(args.name))
     return 0
 
 
@@ -79,11 +91,39 @@ def _image_build(args: argparse.Namespace) -> int:
     from .local import images, realnode
 
     built = images.build_operator_image(toolchain.ensure(), python_host=images.ambient_python_host())
+    if args.push:  # the way users ship it: through the registry, pulled by the nodes
+        repository, tag = built.name.rsplit(":", 1)
+        platform = LocalPlatform(PlatformConfig(state_dir=args.state_dir))
+        print(platform.push_image(built, repository.rsplit("/", 1)[-1], tag))
+        return 0
     nodes = [realnode.load_node(d) for d in realnode.node_dirs(args.state_dir) if (d / "node.json").exists()]
     for node in nodes:
         images.load_image(built, node.containerd_socket)
         print(f"loaded into real node {node.name}", file=sys.stderr)
     print(built.name)
+    return 0
+
+
+def _backup_roots(args: argparse.Namespace) -> list[Path]:
+    """The backends named, else the dev home's (the bootstrap's and platform's, the teams' below it)."""
+    return [backup.backend_dir(b) for b in args.backend] or [devstack.dev_home(args.home).backend_dir]
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _backup_create(args: argparse.Namespace) -> int:
+    out = args.out or Path(f"strata-backup-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.tar.gz")
+    manifest = backup.create(_backup_roots(args), out.absolute(), wait_seconds=args.wait, say=_say)
+    stacks = sum(len(backup.stacks_of(entry["files"])) for entry in manifest["backends"])
+    print(f"{out}: {len(manifest['backends'])} backend(s), {stacks} stack(s)")
+    return 0
+
+
+def _backup_restore(args: argparse.Namespace) -> int:
+    restored = backup.restore(args.archive, args.backend, say=_say)
+    print(f"restored {len(restored)} backend(s) from {args.archive}")
     return 0
 
 
@@ -125,6 +165,17 @@ def _logs_stack(args: argparse.Namespace) -> int:
     return stackctl.stack_logs(_cluster(args), args.namespace, args.name, state_dirs, args.output)
 
 
+def _console(args: argparse.Namespace) -> int:
+    from .console import app
+
+    state_dirs = [args.operator_state_dir] if args.operator_state_dir else stackctl.operator_state_dirs()
+    try:
+        app.serve(_cluster(args), args.port, state_dirs)
+    except app.ConsoleError as error:
+        raise stackctl.StackCtlError(str(error)) from None
+    return 0
+
+
 def _stack_options() -> argparse.ArgumentParser:
     """What kubectl and flux take for every command that talks to a cluster."""
     options = argparse.ArgumentParser(add_help=False)
@@ -150,6 +201,10 @@ def _local_options() -> argparse.ArgumentParser:
                               f"(default: {','.join(DEFAULT_HOST_CONTROLLERS)})")
     options.add_argument("--apiserver-port", type=int, default=argparse.SUPPRESS,
                          help="fixed kube-apiserver port (default: a free one)")
+    options.add_argument("--profile", choices=PROFILES, default=argparse.SUPPRESS,
+                         help=f"dev: kwok nodes; cluster: what a team's cluster has, at least "
+                              f"{CLUSTER_PROFILE_MIN_REAL_NODES} real nodes with kube-proxy and CoreDNS, its tools built "
+                              f"on first use (default: dev)")
     return options
 
 
@@ -162,7 +217,7 @@ def _dev_options() -> argparse.ArgumentParser:
     return options
 
 
-LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None}
+LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None, "profile": "dev"}
 DEV_DEFAULTS = {"project": None, "home": None}
 STACK_DEFAULTS = {"kubeconfig": None, "context": None, "namespace": None, "output": "table",
                   "all_namespaces": False, "timeout": "5m", "operator_state_dir": None}
@@ -181,8 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
                                      ("status", _local_status, "which processes run"),
                                      ("env", _local_env, "KUBECONFIG and PATH exports for a shell")):
         local_actions.add_parser(name, parents=[local_options], help=help_text).set_defaults(handler=handler)
+    bucket = local_actions.add_parser("bucket", parents=[local_options],
+                                      help="create a bucket in the cluster profile's object store; print its s3:// backend URL")
+    bucket.add_argument("name", help="the bucket (S3 naming rules)")
+    bucket.set_defaults(handler=_local_bucket)
     tools = local_actions.add_parser("toolchain", help="build the Go toolchain into the cache")
-    tools.add_argument("names", nargs="*", help="tools to build (default: all)")
+    tools.add_argument("names", nargs="*", help="tools to build (default: those every platform uses)")
     tools.add_argument("--rebuild", action="append", default=[], help="rebuild this tool even if cached")
     tools.set_defaults(handler=_local_toolchain)
     local_actions.add_parser("host-packages", help="install (as root) or name the Debian packages real nodes need"
@@ -211,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "real node, print its name")
     image_build.add_argument("--state-dir", type=Path, default=default_state_dir(),
                              help="the local platform whose real nodes get the image (default: %(default)s)")
+    image_build.add_argument("--push", action="store_true",
+                             help="push it to the platform's registry (the cluster profile's) instead, and print "
+                                  "the name pods pull it by")
     image_build.set_defaults(handler=_image_build)
 
     stack_options = _stack_options()
@@ -256,6 +318,36 @@ def build_parser() -> argparse.ArgumentParser:
                                  "$STRATA_OPERATOR_STATE, the dev home's platform/operator, ~/.cache/strata/operator)")
     logs_stack.set_defaults(handler=_logs_stack)
 
+    backups = commands.add_parser("backup", help="back up and restore every layer's Pulumi state (file:// backends)")
+    backup_actions = backups.add_subparsers(dest="action", required=True)
+    create = backup_actions.add_parser(
+        "create", help="one archive of every backend under the given ones (the teams' teams/<team> included), "
+                       "taken while no update holds a lock")
+    create.add_argument("--backend", action="append", default=[], metavar="URL",
+                        help="a file:// backend or its directory (repeatable; default: the dev home's, "
+                             "which holds the bootstrap's, the platform's and below it each team's)")
+    create.add_argument("--home", type=Path, default=None, help="the dev home (default: as `strata dev`)")
+    create.add_argument("--out", type=Path, default=None, help="the archive (default: strata-backup-<UTC time>.tar.gz)")
+    create.add_argument("--wait", type=float, default=backup.DEFAULT_WAIT_SECONDS,
+                        help="seconds to wait for running updates to finish (default: %(default)s)")
+    create.set_defaults(handler=_backup_create)
+    restore = backup_actions.add_parser(
+        "restore", help="put backends' state back exactly as in an archive (suspend their Stacks first)")
+    restore.add_argument("archive", type=Path)
+    restore.add_argument("--backend", action="append", default=[], metavar="URL",
+                         help="restore only this backend: its file:// URL, directory, or path below the backed-up "
+                              "one, e.g. teams/alpha (repeatable; default: all in the archive)")
+    restore.set_defaults(handler=_backup_restore)
+
+    console = commands.add_parser("console", parents=[stack_options],
+                                  help="a web console of every Stack, layer, plan and rollout, on loopback, acting "
+                                       "as your kubeconfig's user; prints its URL")
+    console.add_argument("--port", type=int, default=0,
+                         help="port on 127.0.0.1 (default: a free one, printed with the URL)")
+    console.add_argument("--operator-state-dir", type=Path, default=argparse.SUPPRESS,
+                         help="the operator's --state-dir, for the last update's engine output (as `strata logs`)")
+    console.set_defaults(handler=_console)
+
     operator = commands.add_parser("operator", help="the Strata operator")
     operator_actions = operator.add_subparsers(dest="action", required=True)
     # Its options are the operator's own (`strata operator run --help` shows them).
@@ -271,7 +363,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     # Group options are shared by the group and its actions, so their defaults are filled in here.
-    stack_commands = ("get", "reconcile", "suspend", "resume", "approve", "logs")
+    stack_commands = ("get", "reconcile", "suspend", "resume", "approve", "logs", "console")
     defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS,
                 **dict.fromkeys(stack_commands, STACK_DEFAULTS)}.get(args.command, {})
     for key, value in defaults.items():
@@ -289,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (toolchain.ToolchainError, PlatformError, ProcessError, devstack.DevStackError, ImageError,
-            stackctl.StackCtlError) as error:
+            stackctl.StackCtlError, backup.BackupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -68,9 +68,11 @@ class OperatorArgs(TypedDict):
     resources: NotRequired[Mapping[str, Mapping[str, str]]]
     """Container requests/limits (default 100m/256Mi requested, 1Gi memory limit)."""
     metrics_port: NotRequired[int]
-    """Port of the Prometheus metrics (default 8383)."""
+    """Port of the Prometheus metrics (default in-cluster 8383; in local mode one the platform picks free
+    once and keeps, shown by `strata local status`)."""
     health_port: NotRequired[int]
-    """Port of /healthz (default 8384); in local mode the start waits until it answers."""
+    """Port of /healthz (default in-cluster 8384; in local mode as metrics_port); in local mode the start
+    waits until it answers."""
     flux_events_address: NotRequired[str]
     """URL of Flux's notification-controller event server (e.g.
     http://notification-controller.flux-system.svc.cluster.local./): every Stack Event also goes there in
@@ -162,8 +164,24 @@ OPERATOR_HOME = "/home/strata"  # HOME of the image's user (operator/Dockerfile)
 def build_operator_flags(metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
                          extra: Sequence[str] = (), flux_events_address: str = "") -> list[str]:
     """Flags of `python -m strata_operator` (see strata_operator.main)."""
-    flux = [f"--flux-events-address={flux_events_address}"] if flux_events_address else []
-    return [f"--metrics-port={metrics_port}", f"--health-port={health_port}", *flux, *extra]
+    return [*build_port_flags(metrics_port, health_port), *build_flux_events_flags(flux_events_address), *extra]
+
+
+def build_flux_events_flags(flux_events_address: str) -> list[str]:
+    return [f"--flux-events-address={flux_events_address}"] if flux_events_address else []
+
+
+def build_port_flags(metrics_port: int, health_port: int) -> list[str]:
+    return [f"--metrics-port={metrics_port}", f"--health-port={health_port}"]
+
+
+def build_local_ports(requested: Mapping[str, int | None], kept: Mapping[str, int]) -> dict[str, int]:
+    """The local operator's ports: those the component's args give, else the platform's own for it (picked
+    free on first use and kept in its platform.json, like every platform process's): never a fixed port
+    another operator on the host may hold."""
+    # int(): numbers come back from the engine as floats.
+    return {"metrics_port": int(requested.get("metrics_port") or kept["operator_metrics"]),
+            "health_port": int(requested.get("health_port") or kept["operator_health"])}
 
 
 def build_executor_flags(args: OperatorArgs) -> list[str]:
@@ -344,11 +362,14 @@ class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
         from strata_components.local.kube import http_ok, write_private
         from strata_components.local.processes import HostProcess
 
+        platform = _platform(props)
+        ports = build_local_ports(props["requested_ports"], platform.controller_ports(props["name"]))
         path = write_private(_kubeconfig_path(props), props["kubeconfig"])
-        process = HostProcess(props["name"], list(props["command"]), env={**props["env"], "KUBECONFIG": str(path)})
-        health_url = props.get("health_url")
-        _platform(props).start_controller(process, ready=(lambda: http_ok(health_url)) if health_url else None)
-        return props
+        argv = [*props["command"], *build_port_flags(ports["metrics_port"], ports["health_port"]), *props["flags"]]
+        process = HostProcess(props["name"], argv, env={**props["env"], "KUBECONFIG": str(path)})
+        health_url = f"http://127.0.0.1:{ports['health_port']}/healthz"
+        platform.start_controller(process, ready=lambda: http_ok(health_url))
+        return {**props, **ports, "health_url": health_url}
 
     def _stop(self, props: dict[str, Any]) -> None:
         _platform(props).stop_controller(props["name"])
@@ -362,7 +383,7 @@ class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
 
         running = running_pid(_platform(olds).run_dir, olds["name"]) is not None
         return plan_change(olds, news, replace_on=("state_dir", "name"),
-                           update_on=("command", "env", "kubeconfig", "health_url"), running=running)
+                           update_on=("command", "flags", "requested_ports", "env", "kubeconfig"), running=running)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
         self._stop(olds)
@@ -376,11 +397,15 @@ class OperatorProcess(pulumi.dynamic.Resource):
     """The operator as a host process of the local platform."""
 
     kubeconfig: pulumi.Output[str]
+    metrics_port: pulumi.Output[int]
+    health_port: pulumi.Output[int]
 
-    def __init__(self, name: str, *, state_dir: str, command: Sequence[str], env: Mapping[str, str],
-                 kubeconfig: pulumi.Input[str], health_url: str | None, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, *, state_dir: str, command: Sequence[str], flags: Sequence[str],
+                 requested_ports: Mapping[str, int | None], env: Mapping[str, str], kubeconfig: pulumi.Input[str],
+                 opts: pulumi.ResourceOptions | None = None):
         props = {"state_dir": str(Path(state_dir).expanduser()), "name": PROCESS_NAME, "command": list(command),
-                 "env": dict(env), "kubeconfig": kubeconfig, "health_url": health_url}
+                 "flags": list(flags), "requested_ports": dict(requested_ports), "env": dict(env),
+                 "kubeconfig": kubeconfig, "metrics_port": None, "health_port": None, "health_url": None}
         super().__init__(OperatorProcessProvider(), name, props, pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"])))
 
@@ -426,17 +451,17 @@ class Operator(pulumi.ComponentResource):
                                                       token=values[2], namespace=namespace)))
             if not local.get("command"):
                 raise ValueError("operator local mode: `local.command` (argv of the operator process) is required")
-            health_port = args.get("health_port", DEFAULT_HEALTH_PORT)
             # Per-Stack workdirs, PULUMI_HOMEs and virtualenvs live with the platform they belong to
             # (not in the user's ~/.cache): one platform per state directory, gone with it. `args`
-            # come last, so a `--state-dir` there still wins.
+            # come last, so a `--state-dir` there still wins. The ports are the platform's, kept across
+            # restarts, unless the args give them (see build_local_ports).
             flags = [f"--state-dir={operator_state_dir(local['state_dir'])}",
-                     *build_operator_flags(args.get("metrics_port", DEFAULT_METRICS_PORT), health_port,
-                                           [*build_executor_flags(args), *args.get("args", ())],
-                                           args.get("flux_events_address", ""))]
-            OperatorProcess(f"{name}-process", state_dir=local["state_dir"], command=[*local["command"], *flags],
+                     *build_flux_events_flags(args.get("flux_events_address", "")),
+                     *build_executor_flags(args), *args.get("args", ())]
+            OperatorProcess(f"{name}-process", state_dir=local["state_dir"], command=local["command"], flags=flags,
+                            requested_ports={"metrics_port": args.get("metrics_port"),
+                                             "health_port": args.get("health_port")},
                             env=args.get("env", {}), kubeconfig=self.kubeconfig,
-                            health_url=f"http://127.0.0.1:{health_port}/healthz" if health_port else None,
                             opts=pulumi.ResourceOptions(parent=self, depends_on=[*crds, *created.values()]))
         self.namespace = pulumi.Output.from_input(namespace)
         self.service_account = pulumi.Output.from_input(service_account)

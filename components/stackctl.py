@@ -226,6 +226,7 @@ class Cluster:
     custom: Any
     namespace: str
     server: str
+    api: Any = None  # the ApiClient, for Secrets and Events (the console's plan and history)
 
     @classmethod
     def connect(cls, kubeconfig: str | None, context: str | None, namespace: str | None) -> "Cluster":
@@ -250,14 +251,14 @@ class Cluster:
             raise StackCtlError(f"kubeconfig {path}: {err}") from None
         return cls(custom=client.CustomObjectsApi(api),
                    namespace=namespace or chosen.get("context", {}).get("namespace") or "default",
-                   server=api.configuration.host)
+                   server=api.configuration.host, api=api)
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, not_found: str | None = None) -> Any:
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, not_found: str | None = None, **kwargs: Any) -> Any:
         from kubernetes.client import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except ApiException as err:
             if err.status == 404:
                 raise StackCtlError(not_found or f"{what}: the API server at {self.server} does not serve "
@@ -299,6 +300,37 @@ class Cluster:
                    GROUP, VERSION, namespace, PLURAL, name,
                    {"metadata": {"annotations": {RECONCILE_REQUEST: request}}})
 
+    def list_objects(self, group: str, version: str, plural: str, namespace: str | None) -> dict[str, Any]:
+        """Any custom kind's list (items and resourceVersion), cluster-wide or in one namespace."""
+        if namespace is None:
+            return self._call(f"listing {plural}", self.custom.list_cluster_custom_object, group, version, plural,
+                              not_found=f"the API server at {self.server} does not serve {plural}.{group}/{version}")
+        return self._call(f"listing {plural} in {namespace}", self.custom.list_namespaced_custom_object, group,
+                          version, namespace, plural,
+                          not_found=f"the API server at {self.server} does not serve {plural}.{group}/{version}")
+
+    def get_object(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(f"reading {plural} {namespace}/{name}", self.custom.get_namespaced_custom_object, group,
+                          version, namespace, plural, name, not_found=f"{plural} {namespace}/{name} not found")
+
+    def secret_data(self, namespace: str, name: str) -> dict[str, bytes]:
+        """A Secret's data, decoded (the user's own right to read it decides)."""
+        import base64
+
+        from kubernetes import client
+
+        secret = self._call(f"reading Secret {namespace}/{name}", client.CoreV1Api(self.api).read_namespaced_secret,
+                            name, namespace, not_found=f"Secret {namespace}/{name} not found")
+        return {k: base64.b64decode(v) for k, v in (secret.data or {}).items()}
+
+    def stack_events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        listed = self._call(f"listing Events of Stack {namespace}/{name}",
+                            client.CoreV1Api(self.api).list_namespaced_event, namespace,
+                            field_selector=f"involvedObject.kind=Stack,involvedObject.name={name}")
+        return [self.api.sanitize_for_serialization(event) for event in listed.items]
+
 
 def _api_message(err: Any) -> str:
     try:
@@ -330,9 +362,8 @@ def get_stacks(cluster: Cluster, all_namespaces: bool, namespace: str | None, ou
     return 0
 
 
-def reconcile_stack(cluster: Cluster, namespace: str | None, name: str, timeout: float, output: str,
-                    interval: float = 1.0) -> int:
-    """Set the reconcile request, then follow the Stack until the operator has answered it."""
+def request_reconcile(cluster: Cluster, namespace: str | None, name: str) -> str:
+    """Set the reconcile request on a Stack that is not suspended; returns the request."""
     namespace = namespace or cluster.namespace
     stack = cluster.get_stack(namespace, name)
     if (stack.get("spec") or {}).get("suspend"):
@@ -341,13 +372,21 @@ def reconcile_stack(cluster: Cluster, namespace: str | None, name: str, timeout:
     request = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     _say(f"► annotating Stack {namespace}/{name} ({RECONCILE_REQUEST}={request})")
     cluster.request_reconcile(namespace, name, request)
+    return request
+
+
+def reconcile_stack(cluster: Cluster, namespace: str | None, name: str, timeout: float, output: str,
+                    interval: float = 1.0) -> int:
+    """Set the reconcile request, then follow the Stack until the operator has answered it."""
+    namespace = namespace or cluster.namespace
+    request = request_reconcile(cluster, namespace, name)
     return _follow(cluster, namespace, name, lambda stack: reconcile_verdict(stack, request), timeout, output,
                    {"request": request}, interval)
 
 
-def approve_stack(cluster: Cluster, namespace: str | None, name: str, timeout: float, output: str,
-                  interval: float = 1.0) -> int:
-    """Approve the plan the Stack shows (status.plan) and follow it until that plan is applied."""
+def approve_plan(cluster: Cluster, namespace: str | None, name: str, digest: str | None = None) -> dict[str, Any]:
+    """Annotate the Stack with the digest of the plan it shows (status.plan), which the operator then
+    applies; with `digest`, only if that is still the plan shown. Returns that status.plan."""
     if "/" in name:  # `strata approve stack NAMESPACE/STACK`
         namespace, name = name.split("/", 1)
     namespace = namespace or cluster.namespace
@@ -357,34 +396,58 @@ def approve_stack(cluster: Cluster, namespace: str | None, name: str, timeout: f
         mode = ((stack.get("spec") or {}).get("approval") or {}).get("mode", "Auto")
         raise StackCtlError(f"Stack {namespace}/{name} has no plan awaiting approval" + (
             "" if mode == "Manual" else " (its spec.approval.mode is not Manual: its updates need none)"))
-    digest = saved["digest"]
+    if digest is not None and saved["digest"] != digest:
+        raise StackCtlError(f"Stack {namespace}/{name} no longer shows plan {digest}: plan {saved['digest']} "
+                            "replaced it; review that one before approving")
     changes = ", ".join(f"{op} {n}" for op, n in sorted((saved.get("changes") or {}).items()) if op != "same" and n)
-    _say(f"► approving plan {digest} of Stack {namespace}/{name} ({changes or 'no changes'}; made from "
+    _say(f"► approving plan {saved['digest']} of Stack {namespace}/{name} ({changes or 'no changes'}; made from "
          f"{saved.get('revision') or 'generation ' + str(saved.get('generation'))})")
-    cluster.annotate(namespace, name, {APPROVE: digest})
+    cluster.annotate(namespace, name, {APPROVE: saved["digest"]})
+    return saved
+
+
+def approve_stack(cluster: Cluster, namespace: str | None, name: str, timeout: float, output: str,
+                  interval: float = 1.0) -> int:
+    """Approve the plan the Stack shows (status.plan) and follow it until that plan is applied."""
+    if "/" in name:
+        namespace, name = name.split("/", 1)
+    namespace = namespace or cluster.namespace
+    digest = approve_plan(cluster, namespace, name)["digest"]
     return _follow(cluster, namespace, name, lambda stack: approve_verdict(stack, digest), timeout, output,
                    {"plan": digest}, interval)
+
+
+def request_suspend(cluster: Cluster, namespace: str | None, name: str) -> dict[str, Any]:
+    """Set spec.suspend; returns the Stack as patched."""
+    namespace = namespace or cluster.namespace
+    cluster.get_stack(namespace, name)
+    _say(f"► suspending Stack {namespace}/{name}")
+    return cluster.set_suspend(namespace, name, True)
 
 
 def suspend_stack(cluster: Cluster, namespace: str | None, name: str, output: str) -> int:
     """Set spec.suspend, as `flux suspend` does: the operator runs nothing more (a run going on finishes)."""
     namespace = namespace or cluster.namespace
-    cluster.get_stack(namespace, name)
-    _say(f"► suspending Stack {namespace}/{name}")
-    stack = cluster.set_suspend(namespace, name, True)
+    stack = request_suspend(cluster, namespace, name)
     if output == "json":
         _print_json({**stack_row(stack, datetime.now(timezone.utc)).to_json(), "suspended": True})
     _say(f"✔ Stack {namespace}/{name} suspended")
     return 0
 
 
+def request_resume(cluster: Cluster, namespace: str | None, name: str) -> int:
+    """Clear spec.suspend; returns the generation that made."""
+    namespace = namespace or cluster.namespace
+    cluster.get_stack(namespace, name)
+    _say(f"► resuming Stack {namespace}/{name}")
+    return int(cluster.set_suspend(namespace, name, False)["metadata"]["generation"])
+
+
 def resume_stack(cluster: Cluster, namespace: str | None, name: str, timeout: float, output: str,
                  interval: float = 1.0) -> int:
     """Clear spec.suspend and follow the Stack until the operator has run what changed meanwhile."""
     namespace = namespace or cluster.namespace
-    cluster.get_stack(namespace, name)
-    _say(f"► resuming Stack {namespace}/{name}")
-    generation = int(cluster.set_suspend(namespace, name, False)["metadata"]["generation"])
+    generation = request_resume(cluster, namespace, name)
     return _follow(cluster, namespace, name, lambda stack: resume_verdict(stack, generation), timeout, output,
                    {"generation": generation}, interval)
 
@@ -417,9 +480,9 @@ def _follow(cluster: Cluster, namespace: str, name: str, verdict_of: Callable[[M
     return 0
 
 
-def stack_logs(cluster: Cluster, namespace: str | None, name: str, state_dirs: list[Path], output: str) -> int:
-    """The last engine run's output, as the operator's worker left it (already redacted), from the first
-    of `state_dirs` that holds one for this Stack."""
+def read_update_log(cluster: Cluster, namespace: str | None, name: str, state_dirs: list[Path]) -> dict[str, Any]:
+    """The last engine run's record (operation, outcome, finished, seconds, output), as the operator's
+    worker left it (already redacted), from the first of `state_dirs` that holds one for this Stack."""
     namespace = namespace or cluster.namespace
     cluster.get_stack(namespace, name)
     paths = [update_log_path(directory, namespace, name) for directory in state_dirs]
@@ -429,9 +492,15 @@ def stack_logs(cluster: Cluster, namespace: str | None, name: str, state_dirs: l
                             "the operator keeps the last run's output in its --state-dir, on its own host, once "
                             "a run has finished; pass that directory as --operator-state-dir")
     try:
-        record = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise StackCtlError(f"cannot read {path}: {err}") from None
+
+
+def stack_logs(cluster: Cluster, namespace: str | None, name: str, state_dirs: list[Path], output: str) -> int:
+    """Print the last engine run's output (see read_update_log)."""
+    namespace = namespace or cluster.namespace
+    record = read_update_log(cluster, namespace, name, state_dirs)
     if output == "json":
         _print_json({"namespace": namespace, "name": name, **record})
         return 0

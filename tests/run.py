@@ -1,11 +1,11 @@
-"""Run the test tiers and report each one: unit, integration, engine, e2e.
+"""Run the test tiers and report each one: unit, integration, engine, realnode, cluster, e2e.
 
 unit, integration and engine always run, in one pytest session (so the local platform starts once),
 and each must have collected tests: an empty tier is a broken tier, not a green one. Two tiers run
 in sessions of their own where the machine allows, else they are reported NOT RUN with the reason
 and counted neither as passed nor as failed: e2e needs the Python language host and the
-kubernetes/flux provider plugins; realnode needs root, containerd and the image tools (its platform
-has a real node, and only one such platform can run on a host).
+kubernetes/flux provider plugins; realnode and cluster need root, containerd and the image tools (their
+platforms have real nodes, and only one such platform can run on a host: one session after the other).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def missing_requirements(tier: str) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiers", default="unit,integration,engine,realnode,e2e")
+    parser.add_argument("--tiers", default="unit,integration,engine,realnode,cluster,e2e")
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (e.g. -k NAME)")
     args = parser.parse_args()
     tiers = args.tiers.split(",")
@@ -88,7 +88,7 @@ def main() -> int:
             failed |= tally["failed"] > 0
             report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
 
-    for tier in ("realnode", "e2e"):
+    for tier in ("realnode", "cluster", "e2e"):
         if tier not in tiers:
             continue
         missing = missing_requirements(tier)

@@ -18,24 +18,27 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import yaml
 from strata_operator.api.status import RECONCILING_RETRY
+from strata_operator.decisions.lease import DEFAULT_LEASE_NAME
 
 from ..team_entries import team_names, team_sync_path
-from . import stackwatch
-from .operator_host import OPERATOR_NAMESPACE
+from . import processes, stackwatch
+from .operator_host import OPERATOR_NAMESPACE, PROCESS_NAME as OPERATOR_PROCESS
 from .platform import LocalPlatform, PlatformConfig
 from .preflight import find_pulumi_with_python_host, missing_dev_stack_requirements
-from .progress import Say, format_seconds, stderr_say
+from .progress import Say, format_seconds, stderr_say, tail
 from .toolchain import installed
 
 STACK = "dev"
@@ -316,7 +319,8 @@ def up(project: Path, home: DevHome | None = None, timeout: float = DEFAULT_UP_T
             say(f"==> waiting until every Stack and Kustomization is Ready (timeout {format_seconds(timeout)}): "
                 f"{', '.join(expected)}")
             verdict, states = stackwatch.watch(reader.list_with_flux, stackwatch.ready_verdict, expected=expected,
-                                               timeout=timeout, say=say)
+                                               timeout=timeout, say=say,
+                                               blocker=operator_blocker(home.platform_dir, reader))
             _raise_unless_ready(verdict, states, timeout, kubeconfig)
         flux = stackwatch.flux_lines(reader.flux_sources_and_kustomizations())
     finally:
@@ -332,6 +336,30 @@ def up(project: Path, home: DevHome | None = None, timeout: float = DEFAULT_UP_T
     say(f"  export PATH={installed().bin('kubectl').parent}:$PATH   # the toolchain's kubectl")
     say("  kubectl get stacks -A        # every layer's Stack")
     say("  make down                    # destroy it all, local processes included")
+
+
+def operator_blocker(platform_dir: Path, reader: stackwatch.StackReader) -> Callable[[], str]:
+    """Why the platform's operator handles no Stacks now, from its process and its leader Lease ("" when
+    it leads, or when no operator was started on this platform)."""
+    platform = LocalPlatform(PlatformConfig(state_dir=platform_dir))
+    log = platform.log_dir / f"{OPERATOR_PROCESS}.log"
+
+    def blocker() -> str:
+        if not (platform.run_dir / f"{OPERATOR_PROCESS}.json").exists():  # never started, or stopped on purpose
+            return ""
+        pid = processes.running_pid(platform.run_dir, OPERATOR_PROCESS)
+        lease = reader.lease(OPERATOR_NAMESPACE, DEFAULT_LEASE_NAME) if pid is not None else None
+        renewed = None
+        if lease and lease.get("renewTime"):
+            renewed = (datetime.now(timezone.utc) - datetime.fromisoformat(str(lease["renewTime"]))).total_seconds()
+        lines = tail(log, 3).strip().splitlines() if pid is None else []
+        return stackwatch.operator_blocker(stackwatch.OperatorView(
+            pid=pid, last_line=lines[-1] if lines else "", log=str(log),
+            lease=f"{OPERATOR_NAMESPACE}/{DEFAULT_LEASE_NAME}", holder=(lease or {}).get("holderIdentity") or "",
+            renewed_seconds_ago=renewed, duration_seconds=float((lease or {}).get("leaseDurationSeconds") or 15)),
+            socket.gethostname())
+
+    return blocker
 
 
 def _raise_unless_ready(verdict: stackwatch.Verdict, states: Mapping[str, stackwatch.StackState], timeout: float,

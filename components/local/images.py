@@ -154,6 +154,34 @@ def build_pause_image(say: Say = stderr_say) -> ImageArchive:
     return ImageArchive(name, out)
 
 
+def build_binary_image(binary: Path, repository: str, tag: str, user: int = 65532, files: dict[str, Path] | None = None,
+                       say: Say = stderr_say) -> ImageArchive:
+    """An image of one static binary at /<its name>, run as `user`: how upstream ships CoreDNS and Flux's
+    controllers (distroless, non-root). `files`: more files by path in the image (a CA bundle).
+    Cached by the digests of what goes in."""
+    name = f"{repository}:{tag}"
+    extra = dict(sorted((files or {}).items()))
+    contents = " ".join(f"{path}={_sha256_file(source)}" for path, source in extra.items())
+    key = hashlib.sha256(f"{name} {user} {_sha256_file(binary)} {contents}".encode()).hexdigest()[:12]
+    out = images_dir() / f"{repository.rsplit('/', 1)[-1]}-{key}.oci.tar"
+    if out.exists():
+        return ImageArchive(name, out)
+    with tempfile.TemporaryDirectory(prefix="strata-image-") as tmp:
+        layer = Path(tmp, "layer.tar")
+        with tarfile.open(layer, "w") as tar:
+            for arcname, source in {binary.name: binary, **{p.lstrip("/"): s for p, s in extra.items()}}.items():
+                info = tar.gettarinfo(str(source.resolve()), arcname=arcname)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(source, "rb") as handle:
+                    tar.addfile(info, handle)
+        config = build_image_config(entrypoint=[f"/{binary.name}"], env={}, user=f"{user}:{user}", workdir="/",
+                                    layer_digest=f"sha256:{_sha256_file(layer)}")
+        write_oci_archive(layer, config, name, out)
+    say(f"  image {name} built from {binary} ({out.stat().st_size // (1 << 20)} MiB)")
+    return ImageArchive(name, out)
+
+
 def operator_image_key(toolchain: Toolchain, python_host: Path | None) -> str:
     """Digest of everything the operator image is made of: sources, pinned deps, binaries, packages."""
     digest = hashlib.sha256()

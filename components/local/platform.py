@@ -17,16 +17,18 @@ import sys
 import time
 from pathlib import Path
 
-from . import processes, realnode
+import yaml
+
+from . import cluster_addons, objectstore, processes, realnode, registry, toolchain as toolchains
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
 from ..flux_tenancy import LOCKDOWN_FLAGS
 from ..kubeconfig import build_client_certificate_kubeconfig, build_token_kubeconfig, pem_data
 from .kube import http_ok, https_ok, load_documents, server_side_apply, write_private
-from .pki import ensure_pki
+from .pki import ensure_pki, issue_client_certificate
 from .processes import HostProcess, ProcessError
 from .progress import Say, format_seconds, stderr_say, tail
-from .toolchain import Toolchain, ToolchainError, installed
+from .toolchain import Toolchain, ToolchainError, installed, profile_tools
 
 FLUX_NAMESPACE = "flux-system"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -45,12 +47,22 @@ PROCESS_PORTS = {
     "source-controller": ("source_storage", "source_metrics", "source_health"),
     "kustomize-controller": ("kustomize_metrics", "kustomize_health"),
 }
-PORTS = tuple(port for ports in PROCESS_PORTS.values() for port in ports)
+# Ports of the controllers others start beside the platform (the bootstrap's operator, through
+# start_controller): picked free and kept with the platform's own, checked by that controller when it starts.
+CONTROLLER_PORTS = {"strata-operator": ("operator_metrics", "operator_health")}
+PORTS = tuple(port for ports in (*PROCESS_PORTS.values(), *CONTROLLER_PORTS.values()) for port in ports)
 HOST_CONTROLLERS = ("source-controller", "kustomize-controller", "notification-controller")
 # What `strata local up` and the Cluster component run unless told otherwise.
 DEFAULT_HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
 # Cluster and context name in the kubeconfigs the platform writes.
 KUBECONFIG_CLUSTER = "strata-local"
+# `dev`: kwok nodes (plus --real-nodes N). `cluster`: what a team's own cluster has, for running the
+# product in it: at least two real nodes with kube-proxy and CoreDNS (cluster_addons.py).
+PROFILES = ("dev", "cluster")
+CLUSTER_PROFILE_MIN_REAL_NODES = 2
+FLUX_IMAGE_PREFIX = "fluxcd"  # upstream's ghcr.io/fluxcd/<controller>, so `--registry <registry>/fluxcd` works
+FLUX_USER = 65534  # upstream's images run as nobody
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 class PlatformError(Exception):
@@ -89,6 +101,14 @@ class PlatformConfig:
     host_controllers: tuple[str, ...] = ("source-controller",)
     apiserver_port: int | None = None
     """A fixed port for kube-apiserver; by default a free one is picked on first start."""
+    profile: str = "dev"
+    """One of PROFILES; `cluster` builds its tools (kube-proxy, CoreDNS) on first use."""
+
+    @property
+    def real_node_count(self) -> int:
+        if self.profile == "cluster":
+            return max(self.real_nodes, CLUSTER_PROFILE_MIN_REAL_NODES)
+        return self.real_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +145,8 @@ class LocalPlatform:
         unknown = set(self.config.host_controllers) - set(HOST_CONTROLLERS)
         if unknown:
             raise PlatformError(f"unknown host controllers {sorted(unknown)}; choose from {list(HOST_CONTROLLERS)}")
+        if self.config.profile not in PROFILES:
+            raise PlatformError(f"unknown profile {self.config.profile!r}; choose from {list(PROFILES)}")
         self._toolchain = toolchain
         self.state = Path(self.config.state_dir)
         self.pki = self.state / "pki"
@@ -136,7 +158,7 @@ class LocalPlatform:
     def toolchain(self) -> Toolchain:
         if self._toolchain is None:
             try:
-                self._toolchain = installed()
+                self._toolchain = installed(profile_tools(self.config.profile))
             except ToolchainError as error:
                 raise PlatformError(str(error)) from None
         return self._toolchain
@@ -176,6 +198,11 @@ class LocalPlatform:
                     fix = ("pick another with --apiserver-port" if name == "apiserver" and self.config.apiserver_port
                            else f"stop that program, or delete {self.state / 'platform.json'} to pick new ports")
                     raise PlatformError(f"port {ports[name]} ({component}) is already in use on 127.0.0.1; fix: {fix}")
+
+    def controller_ports(self, name: str) -> dict[str, int]:
+        """The kept ports of a controller of CONTROLLER_PORTS (picked on first use, then the same every start)."""
+        ports = self._ports()
+        return {port: ports[port] for port in CONTROLLER_PORTS[name]}
 
     def info(self) -> PlatformInfo:
         ports = json.loads((self.state / "platform.json").read_text())["ports"]
@@ -312,6 +339,7 @@ class LocalPlatform:
     def up(self, say: Say = stderr_say) -> PlatformInfo:
         """Start whatever is not running yet and wait until every component is ready."""
         started = time.monotonic()
+        self._ensure_profile_tools(say)
         ports = self._ports()
         plan = self._processes(ports, ensure_bundle(self.toolchain, say))
         self._check_ports_free(ports)
@@ -330,11 +358,21 @@ class LocalPlatform:
                 f"({format_seconds(time.monotonic() - started)})")
             if process.name == "kwok":
                 self._ensure_nodes(say)
-        if self.config.real_nodes:
+        if self.config.real_node_count:
             self._start_real_nodes(ports, say)
         say(f"local platform ready in {format_seconds(time.monotonic() - started)}: "
             f"https://127.0.0.1:{ports['apiserver']}, kubeconfig {self.kubeconfig_path}")
         return self.info()
+
+    def _ensure_profile_tools(self, say: Say) -> None:
+        """The profile's own tools, built on its first use (`make setup` builds only the default ones)."""
+        missing = [name for name in profile_tools(self.config.profile) if name not in self.toolchain.entries]
+        if missing:
+            try:
+                built = toolchains.ensure(missing, say=say)
+            except ToolchainError as error:
+                raise PlatformError(str(error)) from None
+            self._toolchain = Toolchain({**self.toolchain.entries, **built.entries})
 
     def _exited(self, name: str, log: Path) -> bool:
         if processes.running_pid(self.run_dir, name) is None:
@@ -411,26 +449,195 @@ class LocalPlatform:
             raise PlatformError(f"another local platform on this host runs real nodes ({realnode.SERVICE_ADDRESS}:443 "
                                 "is taken): they share the host's pod bridge; stop it first (strata local down "
                                 "--state-dir DIR), or start this one without --real-nodes")
+        cluster = self.config.profile == "cluster"
+        forwards = [f"{realnode.SERVICE_ADDRESS}:443=127.0.0.1:{ports['apiserver']}",
+                    f"{realnode.NODE_ADDRESS}:{ports['git']}=127.0.0.1:{ports['git']}"]
+        if cluster:  # the `kubernetes` Service's endpoint, where kube-proxy sends it
+            forwards.append(f"{realnode.NODE_ADDRESS}:{ports['apiserver']}=127.0.0.1:{ports['apiserver']}")
         gateway = HostProcess(realnode.GATEWAY_PROCESS, [
-            sys.executable, "-m", "strata_components.local.gateway",
-            f"--forward={realnode.SERVICE_ADDRESS}:443=127.0.0.1:{ports['apiserver']}",
-            f"--forward={realnode.NODE_ADDRESS}:{ports['git']}=127.0.0.1:{ports['git']}",
-        ])
+            sys.executable, "-m", "strata_components.local.gateway", *(f"--forward={f}" for f in forwards)])
         self._start_and_wait(gateway, lambda: not processes.port_is_free(443, realnode.SERVICE_ADDRESS))
-        for index in range(self.config.real_nodes):
+        registry_port, dns_image = None, None
+        if cluster:  # before the nodes: their containerd pulls CoreDNS from the registry
+            registry_port = self._start_registry(say)
+            self._start_object_store(say)
+            dns_image = self._push_coredns_image(say)
+            self._push_flux_images(say)
+        for index in range(self.config.real_node_count):
             node = realnode.prepare_node(self.state, index, self.pki,
-                                         lambda stem: self._client_kubeconfig(ports, stem))
+                                         lambda stem: self._client_kubeconfig(ports, stem),
+                                         cluster_dns=realnode.CLUSTER_DNS if cluster else None,
+                                         registry_port=registry_port)
             self._start_and_wait(realnode.containerd_process(node), lambda node=node: subprocess_ok(
                 ["ctr", "--address", str(node.containerd_socket), "version"]))
             try:
-                load_image(pause, node.containerd_socket)
+                load_image(pause, node.containerd_socket)  # the sandbox image: every node has it before any pull
             except ImageError as error:
                 raise PlatformError(f"real node {node.name}: {error}") from None
             self._start_and_wait(realnode.kubelet_process(node, self._kubelet()),
                                  lambda node=node: http_ok(f"http://127.0.0.1:{node.healthz_port}/healthz"))
-        self._wait_nodes_ready("type=real", self.config.real_nodes, timeout=120)
-        say(f"  nodes: {self.config.real_nodes} real node(s) Ready (kubelet on containerd, "
+        self._wait_nodes_ready("type=real", self.config.real_node_count, timeout=120)
+        say(f"  nodes: {self.config.real_node_count} real node(s) Ready (kubelet on containerd, "
             f"{format_seconds(time.monotonic() - started)})")
+        if cluster:
+            self._start_service_networking(ports, say)
+            self._start_cluster_dns(dns_image, say)
+
+    def registry_host(self) -> str:
+        """HOST:PORT of the cluster profile's registry (see registry.py)."""
+        path = self.state / "nodes" / "registry.json"
+        if not path.exists():
+            raise PlatformError(f"the platform in {self.state} has no registry; fix: strata local up --profile cluster")
+        return registry.registry_host(json.loads(path.read_text())["port"])
+
+    def _start_registry(self, say: Say) -> int:
+        """The registry on the bridge address (ports picked once, kept in nodes/registry.json)."""
+        path = self.state / "nodes" / "registry.json"
+        if not path.exists():
+            path.write_text(json.dumps({"port": processes.free_ports(1, realnode.NODE_ADDRESS)[0]}))
+        ports = json.loads(path.read_text())
+        self._check_port_free(ports["port"], registry.PROCESS, path, realnode.NODE_ADDRESS)
+        config = self.state / "nodes" / "registry.yaml"
+        config.write_text(yaml.safe_dump(registry.build_registry_config(self.state / "registry", ports["port"])))
+        started = time.monotonic()
+        self._start_and_wait(registry.registry_process(self.toolchain.bin("registry"), config),
+                             lambda: http_ok(f"http://{registry.registry_host(ports['port'])}/v2/"))
+        say(f"  registry: ready at {registry.registry_host(ports['port'])} "
+            f"({format_seconds(time.monotonic() - started)})")
+        return ports["port"]
+
+    @property
+    def object_store_credentials(self) -> Path:
+        """The object store's AWS shared-credentials file (0600; AWS_SHARED_CREDENTIALS_FILE points clients at it)."""
+        return self.state / "objectstore" / "credentials"
+
+    def object_store_port(self) -> int:
+        path = self.state / "nodes" / "object-store.json"
+        if not path.exists():
+            raise PlatformError(f"the platform in {self.state} has no object store; fix: strata local up --profile cluster")
+        return json.loads(path.read_text())["port"]
+
+    def s3_backend_url(self, bucket: str = objectstore.DEFAULT_BUCKET) -> str:
+        """Pulumi's backend URL for a bucket of the platform's object store."""
+        return objectstore.backend_url(self.object_store_port(), bucket)
+
+    def create_bucket(self, bucket: str) -> None:
+        try:
+            objectstore.ensure_bucket(self.object_store_port(), bucket,
+                                      objectstore.read_credentials(self.object_store_credentials))
+        except objectstore.ObjectStoreError as error:
+            raise PlatformError(str(error)) from None
+
+    def _start_object_store(self, say: Say) -> None:
+        """MinIO on the bridge address, its credentials generated once (never in argv or a log)."""
+        path = self.state / "nodes" / "object-store.json"
+        if not path.exists():
+            path.write_text(json.dumps({"port": processes.free_ports(1, realnode.NODE_ADDRESS)[0]}))
+        port = json.loads(path.read_text())["port"]
+        self._check_port_free(port, objectstore.PROCESS, path, realnode.NODE_ADDRESS)
+        credentials = objectstore.ensure_credentials(self.object_store_credentials)
+        started = time.monotonic()
+        self._start_and_wait(objectstore.object_store_process(
+            self.toolchain.bin("minio"), self.state / "objectstore", port, credentials),
+            lambda: http_ok(f"{objectstore.endpoint(port)}/minio/health/ready"))
+        self.create_bucket(objectstore.DEFAULT_BUCKET)
+        say(f"  object store: ready at {objectstore.endpoint(port)}, bucket {objectstore.DEFAULT_BUCKET} "
+            f"({format_seconds(time.monotonic() - started)}); credentials in {self.object_store_credentials}")
+
+    def push_image(self, archive, repository: str, tag: str) -> str:
+        """Push an image archive to the platform's registry as REPOSITORY:TAG; returns the full reference."""
+        reference = f"{self.registry_host()}/{repository}:{tag}"
+        try:
+            registry.push(archive.path, reference)
+        except registry.RegistryError as error:
+            raise PlatformError(str(error)) from None
+        return reference
+
+    def flux_registry(self) -> str:
+        """What Flux's air-gapped install takes as `--registry`: its controllers' images are there."""
+        return f"{self.registry_host()}/{FLUX_IMAGE_PREFIX}"
+
+    def _push_flux_images(self, say: Say) -> None:
+        """Flux's controller images from the toolchain's binaries, as upstream ships them (static binary,
+        non-root, CA bundle for HTTPS sources), pushed as <registry>/fluxcd/<controller>:<version>."""
+        from .images import build_binary_image
+
+        started = time.monotonic()
+        specs = toolchains.load_specs()
+        for controller in HOST_CONTROLLERS:
+            image = build_binary_image(self.toolchain.bin(controller), f"strata.local/{FLUX_IMAGE_PREFIX}/{controller}",
+                                       specs[controller].version, user=FLUX_USER, files={CA_BUNDLE: Path(CA_BUNDLE)},
+                                       say=say)
+            self.push_image(image, f"{FLUX_IMAGE_PREFIX}/{controller}", specs[controller].version)
+        say(f"  Flux images: {', '.join(HOST_CONTROLLERS)} in {self.flux_registry()} "
+            f"({format_seconds(time.monotonic() - started)})")
+
+    def _push_coredns_image(self, say: Say) -> str:
+        from .images import build_binary_image
+
+        version = toolchains.load_specs()["coredns"].version
+        image = build_binary_image(self.toolchain.bin("coredns"), "strata.local/coredns", version,
+                                   user=cluster_addons.DNS_USER, say=say)
+        return self.push_image(image, "coredns/coredns", version)
+
+    def _kube_proxy_ports(self) -> dict[str, int]:
+        path = self.state / "nodes" / "kube-proxy.json"
+        if not path.exists():
+            health, metrics = processes.free_ports(2)
+            path.write_text(json.dumps({"health": health, "metrics": metrics}))
+        return json.loads(path.read_text())
+
+    def _start_service_networking(self, ports: dict[str, int], say: Say) -> None:
+        """kube-proxy, once for every real node (they share the host's network), and the `kubernetes` endpoints."""
+        started = time.monotonic()
+        server_side_apply(self.kubeconfig_path, [cluster_addons.build_apiserver_endpoints(ports["apiserver"])])
+        forwarding = Path("/proc/sys/net/ipv4/ip_forward")
+        if forwarding.read_text().strip() != "1":  # restored by `down` (recorded in nodes/host.json)
+            forwarding.write_text("1")
+        proxy_ports = self._kube_proxy_ports()
+        kubeconfig = self.state / "kubeconfigs" / "kube-proxy.kubeconfig"
+        issue_client_certificate(self.pki, "kube-proxy", "system:kube-proxy", None)
+        write_private(kubeconfig, self._client_kubeconfig(ports, "kube-proxy"))
+        config = self.state / "nodes" / "kube-proxy.yaml"
+        config.write_text(yaml.safe_dump(cluster_addons.build_kube_proxy_config(
+            kubeconfig=kubeconfig, hostname="real-0", health_port=proxy_ports["health"],
+            metrics_port=proxy_ports["metrics"])))
+        for port in proxy_ports.values():
+            self._check_port_free(port, cluster_addons.KUBE_PROXY_PROCESS, self.state / "nodes" / "kube-proxy.json")
+        self._start_and_wait(HostProcess(cluster_addons.KUBE_PROXY_PROCESS, [
+            str(self.toolchain.bin("kube-proxy")), f"--config={config}", "--v=1"]),
+            lambda: http_ok(f"http://127.0.0.1:{proxy_ports['health']}/healthz"))
+        say(f"  kube-proxy: ready, iptables mode ({format_seconds(time.monotonic() - started)})")
+
+    def _check_port_free(self, port: int, component: str, record: Path, host: str = "127.0.0.1") -> None:
+        """A port of a component that is not running must be free, else one error naming it and the fix."""
+        if processes.running_pid(self.run_dir, component) is None and not processes.port_is_free(port, host):
+            raise PlatformError(f"port {port} ({component}) is already in use on {host}; fix: stop that "
+                                f"program, or delete {record} to pick new ports")
+
+    def _start_cluster_dns(self, image: str, say: Say) -> None:
+        from kubernetes import client
+
+        from .kube import api_client
+
+        started = time.monotonic()
+        replicas = self.config.real_node_count
+        server_side_apply(self.kubeconfig_path, cluster_addons.build_coredns_objects(image, replicas))
+        with api_client(self.kubeconfig_path) as api:
+            apps = client.AppsV1Api(api)
+
+            def available() -> bool:
+                status = apps.read_namespaced_deployment(cluster_addons.DNS_NAME, cluster_addons.DNS_NAMESPACE).status
+                return (status.updated_replicas or 0) >= replicas and (status.available_replicas or 0) >= replicas
+
+            try:
+                processes.wait_until(available, timeout=120, what="CoreDNS")
+            except ProcessError:
+                raise PlatformError(
+                    f"CoreDNS did not become available in 120s; see `kubectl -n {cluster_addons.DNS_NAMESPACE} "
+                    f"describe pods -l k8s-app=kube-dns` and the kubelet logs in {self.log_dir}") from None
+        say(f"  DNS: CoreDNS {replicas} replica(s) available at {realnode.CLUSTER_DNS} "
+            f"({format_seconds(time.monotonic() - started)})")
 
     def _kubelet(self) -> Path | None:
         try:
@@ -468,7 +675,9 @@ class LocalPlatform:
 
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
-        stopped = realnode.stop_nodes(self.state, self.run_dir, say)
+        stopped = realnode.stop_nodes(self.state, self.run_dir, say,
+                                      extra_processes=(cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS,
+                                                       objectstore.PROCESS))
         names = list(reversed(PROCESS_PORTS))
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:
@@ -484,9 +693,18 @@ class LocalPlatform:
                  if name not in HOST_CONTROLLERS or name in self.config.host_controllers]
         for node in realnode.node_dirs(self.state):
             names += [f"containerd-{node.name}", f"kubelet-{node.name}"]
+        if self.config.profile == "cluster":
+            names += [cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS, objectstore.PROCESS]
         if realnode.node_dirs(self.state):
             names.append(realnode.GATEWAY_PROCESS)
+        # A controller started beside the platform (its record stays until it is stopped): a dead one shows.
+        names += [name for name in CONTROLLER_PORTS if (self.run_dir / f"{name}.json").exists()]
         return {name: processes.running_pid(self.run_dir, name) is not None for name in names}
+
+    def ports(self) -> dict[str, int]:
+        """Every port kept in platform.json ({} before the first start)."""
+        state_file = self.state / "platform.json"
+        return json.loads(state_file.read_text())["ports"] if state_file.exists() else {}
 
     def start_controller(self, process: HostProcess, ready=None, timeout: float = 60) -> int:
         """Run another controller (e.g. the Strata operator) as a supervised process of this platform."""
@@ -519,4 +737,8 @@ class LocalPlatform:
     def shell_env(self) -> dict[str, str]:
         """KUBECONFIG and a PATH with the toolchain's binaries first, for `strata local env`."""
         path = os.pathsep.join([*(str(d) for d in self.toolchain.bin_dirs), os.environ.get("PATH", "")])
-        return {"KUBECONFIG": str(self.kubeconfig_path), "PATH": path}
+        env = {"KUBECONFIG": str(self.kubeconfig_path), "PATH": path}
+        if self.config.profile == "cluster":  # the object store's credentials by file: never printed
+            env.update({"AWS_SHARED_CREDENTIALS_FILE": str(self.object_store_credentials), "AWS_REGION": objectstore.REGION,
+                        "STRATA_S3_BACKEND": self.s3_backend_url()})
+        return env

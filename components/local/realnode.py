@@ -8,8 +8,9 @@ A real node needs root and changes the host; `stop_nodes` undoes every change, r
   forwards that address to the apiserver on loopback and in-cluster clients work unchanged;
 - mounts under the node's directory (kubelet's root, pod volumes, container root filesystems);
 - cgroups under /strata-<node> in every hierarchy;
-- iptables chains kubelet adds (KUBE-FIREWALL, KUBE-KUBELET-CANARY, ...);
-- the sysctls kubelet sets (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops): restored;
+- iptables and ip6tables chains kubelet or kube-proxy add (KUBE-FIREWALL, KUBE-SERVICES, ...);
+- the sysctls kubelet sets (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) and
+  net.ipv4.ip_forward (set for kube-proxy in the cluster profile, cluster_addons.py): restored;
 - /var/lib/kubelet, /var/log/containers and /var/log/pods, where kubelet creates them.
 Real nodes carry the taint `strata.dev/real-node=true:NoSchedule`: workloads written for kwok keep
 landing on kwok, and a pod that must run says so with a toleration and the `type: real` node label.
@@ -22,6 +23,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,16 +39,22 @@ BRIDGE = "strata0"
 NODE_ADDRESS = "10.88.0.1"
 POD_PREFIX_LENGTH = 16
 SERVICE_ADDRESS = "10.96.0.1"  # the `kubernetes` Service's ClusterIP (first of --service-cluster-ip-range)
+CLUSTER_DNS = "10.96.0.10"  # the `kube-dns` Service's ClusterIP in the cluster profile, as kubeadm picks it
+CLUSTER_DOMAIN = "cluster.local"
 PAUSE_IMAGE = "strata.local/pause:3.10"
 NODE_LABEL = {"type": "real"}
 TAINT = {"key": "strata.dev/real-node", "value": "true", "effect": "NoSchedule"}
 TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"], "effect": TAINT["effect"]}
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
+FORWARDING_SYSCTL = "net.ipv4.ip_forward"  # Service traffic between pods is routed through the host
+RECORDED_SYSCTLS = (*KUBELET_SYSCTLS, FORWARDING_SYSCTL)
+IPTABLES = ("iptables", "ip6tables")
 HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
 CNI_BIN_DIR = Path("/usr/lib/cni")
-# A real node's runtime and network, plus what builds images for it (mmdebstrap; gcc for the pause image).
+# A real node's runtime and network, plus what builds images for it (mmdebstrap; gcc for the pause image),
+# and the headless browser the console's integration test drives (with a font for its screenshots).
 DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "iproute2", "mmdebstrap",
-                   "gcc", "libc6-dev")
+                   "gcc", "libc6-dev", "chromium", "chromium-driver", "fonts-dejavu-core")
 GATEWAY_PROCESS = "node-gateway"
 
 
@@ -84,21 +92,22 @@ def ensure_debian_packages(say) -> bool:
     name the command. True when everything is installed."""
     missing = missing_debian_packages() if shutil.which("dpkg-query") else list(DEBIAN_PACKAGES)
     if not missing:
-        say(f"real-node packages: all installed ({', '.join(DEBIAN_PACKAGES)})")
+        say(f"host packages (real nodes, the console's browser test): all installed ({', '.join(DEBIAN_PACKAGES)})")
         return True
     command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        say(f"real nodes (optional) need Debian packages: {' '.join(command)} (as root); kwok nodes work without")
+        say(f"real nodes and the console's browser test (optional) need Debian packages: {' '.join(command)} (as "
+            "root); kwok nodes work without")
         return False
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    say(f"installing Debian packages for real nodes: {' '.join(missing)}")
+    say(f"installing Debian packages for real nodes and the console's browser test: {' '.join(missing)}")
     for attempt in (command, ["apt-get", "update", "-q"], command):  # stale package lists: update once, retry
         result = subprocess.run(attempt, capture_output=True, text=True, env=env, check=False)
         if result.returncode == 0 and attempt is command and not missing_debian_packages():
             say("  installed")
             return True
     say(f"  could not install them: {(result.stderr or result.stdout).strip().splitlines()[-1:]}; "
-        f"run `{' '.join(command)}`; real-node tests report NOT RUN until then")
+        f"run `{' '.join(command)}`; real-node tests report NOT RUN and the console's browser test fails until then")
     return False
 
 
@@ -121,6 +130,11 @@ class RealNode:
     @property
     def containerd_socket(self) -> Path:
         return self.runtime_dir / "containerd.sock"
+
+    @property
+    def certs_dir(self) -> Path:
+        """containerd's registry host configuration, one directory per registry."""
+        return self.directory / "certs.d"
 
     @property
     def cgroup_root(self) -> str:
@@ -147,6 +161,8 @@ def build_containerd_config(node: RealNode) -> str:
         # Without CAP_SYS_RESOURCE (VMs like this one) every sandbox fails with "can't get final
         # child's PID from pipe" unless containerd keeps oom_score_adj within what it may set.
         "  restrict_oom_score_adj = true",
+        # Registry host configuration (hosts.toml per registry): the cluster profile's registry, in plain HTTP.
+        f"[{cri}.registry]", f'  config_path = "{node.certs_dir}"',
         f"[{cri}.cni]", f'  bin_dir = "{CNI_BIN_DIR}"', f'  conf_dir = "{node.directory / "cni"}"',
         f"[{cri}.containerd.runtimes.runc]", '  runtime_type = "io.containerd.runc.v2"',
         f"[{cri}.containerd.runtimes.runc.options]", "  SystemdCgroup = false",
@@ -169,7 +185,8 @@ def build_cni_config(node: RealNode) -> dict:
     }
 
 
-def build_kubelet_config(node: RealNode, ca_file: Path) -> dict:
+def build_kubelet_config(node: RealNode, ca_file: Path, cluster_dns: str | None = None) -> dict:
+    """`cluster_dns`: the DNS add-on's Service address written into pods' resolv.conf (none: the host's)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "address": NODE_ADDRESS, "port": node.kubelet_port, "readOnlyPort": 0,
@@ -184,7 +201,8 @@ def build_kubelet_config(node: RealNode, ca_file: Path) -> dict:
         "failSwapOn": False,
         "podLogsDir": str(node.directory / "pod-logs"),
         "registerWithTaints": [TAINT],
-        "clusterDomain": "cluster.local",
+        "clusterDomain": CLUSTER_DOMAIN,
+        **({"clusterDNS": [cluster_dns]} if cluster_dns else {}),
         "resolvConf": "/etc/resolv.conf",
         "makeIPTablesUtilChains": False,
         # A developer's disk is often fuller than a server's: evict only when it is really full.
@@ -224,10 +242,12 @@ def _succeeds(*argv: str) -> bool:
     return subprocess.run(argv, capture_output=True, check=False).returncode == 0
 
 
-def _iptables_chains() -> dict[str, list[str]]:
+def _iptables_chains(binary: str = "iptables") -> dict[str, list[str]]:
     chains = {}
+    if shutil.which(binary) is None:
+        return chains
     for table in ("filter", "nat", "mangle"):
-        out = _run("iptables", "-t", table, "-S", check=False)
+        out = _run(binary, "-t", table, "-S", check=False)
         chains[table] = sorted(line.split()[1] for line in out.splitlines() if line.startswith("-N "))
     return chains
 
@@ -241,8 +261,8 @@ def record_host(state: Path) -> dict:
     record_file = state / "nodes" / "host.json"
     if record_file.exists():
         return json.loads(record_file.read_text())
-    record = {"sysctls": {name: _read_sysctl(name) for name in KUBELET_SYSCTLS},
-              "iptables": _iptables_chains(),
+    record = {"sysctls": {name: _read_sysctl(name) for name in RECORDED_SYSCTLS},
+              **{binary: _iptables_chains(binary) for binary in IPTABLES},
               "dirs": [path for path in HOST_DIRS if Path(path).exists()]}
     record_file.parent.mkdir(parents=True, exist_ok=True)
     record_file.write_text(json.dumps(record, indent=1))
@@ -333,6 +353,24 @@ def remove_cgroups(node: RealNode) -> None:
                 pass
 
 
+def _remove_added_chains(binary: str, before: dict[str, list[str]]) -> list[str]:
+    """Remove the chains that were not there before, with every rule jumping to them; what stays."""
+    left = []
+    for table, chains in _iptables_chains(binary).items():
+        added = [chain for chain in chains if chain not in before.get(table, [])]
+        for chain in added:  # first every reference, then the chains themselves
+            _succeeds(binary, "-t", table, "-F", chain)
+        for line in _run(binary, "-t", table, "-S", check=False).splitlines():
+            words = shlex.split(line)  # kube-proxy's rules carry quoted comments with spaces
+            targets = {words[i + 1] for i, word in enumerate(words[:-1]) if word in ("-j", "-g")}
+            if words[:1] == ["-A"] and targets & set(added):
+                _succeeds(binary, "-t", table, "-D", *words[1:])
+        for chain in added:
+            if not _succeeds(binary, "-t", table, "-X", chain):
+                left.append(f"{binary} chain {table}/{chain}")
+    return left
+
+
 def restore_host(state: Path) -> list[str]:
     """Undo what the nodes changed on the host; returns what could not be undone."""
     record_file = state / "nodes" / "host.json"
@@ -343,16 +381,9 @@ def restore_host(state: Path) -> list[str]:
     for name, value in record["sysctls"].items():
         if _read_sysctl(name) != value and not _succeeds("sysctl", "-q", "-w", f"{name}={value}"):
             left.append(f"sysctl {name} (was {value})")
-    for table, chains in _iptables_chains().items():
-        added = [chain for chain in chains if chain not in record["iptables"].get(table, [])]
-        for chain in added:  # first every reference, then the chains themselves
-            _succeeds("iptables", "-t", table, "-F", chain)
-        for line in _run("iptables", "-t", table, "-S", check=False).splitlines():
-            if line.startswith("-A ") and any(f"-j {chain}" in line for chain in added):
-                _succeeds("iptables", "-t", table, *line.replace("-A ", "-D ", 1).split())
-        for chain in added:
-            if not _succeeds("iptables", "-t", table, "-X", chain):
-                left.append(f"iptables chain {table}/{chain}")
+    for binary in IPTABLES:
+        if binary in record:  # a record without it predates its use: nothing of it to undo
+            left += _remove_added_chains(binary, record[binary])
     if Path(f"/sys/class/net/{BRIDGE}").exists() and not _succeeds("ip", "link", "delete", BRIDGE):
         left.append(f"network bridge {BRIDGE}")
     for path in HOST_DIRS:
@@ -378,7 +409,8 @@ def load_node(directory: Path) -> RealNode:
                     kubelet_port=record["kubelet_port"], healthz_port=record["healthz_port"])
 
 
-def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder) -> RealNode:
+def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder, cluster_dns: str | None = None,
+                 registry_port: int | None = None) -> RealNode:
     """The node's directory, configs and client certificate (ports allocated once, kept in node.json)."""
     name = f"real-{index}"
     directory = state / "nodes" / name
@@ -394,7 +426,12 @@ def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder) -> Real
     issue_client_certificate(pki, f"node-{name}", f"system:node:{name}", "system:nodes")
     write_private(directory / "kubeconfig", kubeconfig_builder(f"node-{name}"))
     (directory / "containerd.toml").write_text(build_containerd_config(node))
-    (directory / "kubelet.yaml").write_text(yaml.safe_dump(build_kubelet_config(node, pki / "ca.crt")))
+    (directory / "kubelet.yaml").write_text(yaml.safe_dump(build_kubelet_config(node, pki / "ca.crt", cluster_dns)))
+    node.certs_dir.mkdir(exist_ok=True)
+    if registry_port is not None:
+        from .registry import write_containerd_hosts
+
+        write_containerd_hosts(node.certs_dir, registry_port)
     (directory / "cni").mkdir(exist_ok=True)
     (directory / "cni" / "10-strata.conflist").write_text(json.dumps(build_cni_config(node), indent=1))
     node.runtime_dir.mkdir(parents=True, exist_ok=True)
@@ -402,8 +439,9 @@ def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder) -> Real
     return node
 
 
-def stop_nodes(state: Path, run_dir: Path, say) -> list[str]:
-    """Stop every real node and the gateway, then undo what they changed on the host."""
+def stop_nodes(state: Path, run_dir: Path, say, extra_processes: tuple[str, ...] = ()) -> list[str]:
+    """Stop every real node, then `extra_processes` (kube-proxy) and the gateway, then undo what they changed
+    on the host."""
     stopped = []
     nodes = [load_node(d) for d in node_dirs(state) if (d / "node.json").exists()]
     for node in nodes:
@@ -420,8 +458,9 @@ def stop_nodes(state: Path, run_dir: Path, say) -> list[str]:
         with contextlib.suppress(OSError):
             node.runtime_dir.parent.rmdir()  # /run/strata, when no other platform's node uses it
         say(f"  stopped real node {node.name} ({killed} container process(es) killed)")
-    if processes.stop(run_dir, GATEWAY_PROCESS):
-        stopped.append(GATEWAY_PROCESS)
+    for name in (*extra_processes, GATEWAY_PROCESS):
+        if processes.stop(run_dir, name):
+            stopped.append(name)
     left = restore_host(state)
     if left:
         say(f"  could not undo on the host: {', '.join(left)}")

@@ -42,7 +42,7 @@ class StackState:
     def line(self) -> str:
         detail = f" ({self.reason})" if self.reason else ""
         text = f"  {self.key}: {self.state}{detail}"
-        if self.message and self.state in ("Stalled", "Reconciling", "NotReady", "Deleting"):
+        if self.message and self.state in ("Stalled", "Reconciling", "NotReady", "Deleting", "Pending"):
             text += f": {_shorten(self.message)}"
         return text
 
@@ -86,7 +86,7 @@ def stack_state(obj: Mapping[str, Any]) -> StackState:
         return StackState(key, "Ready", ready.get("reason", ""))
     if ready:
         return StackState(key, "NotReady", ready.get("reason", ""), ready.get("message", ""))
-    return StackState(key, "Pending", "", "not yet picked up by its controller")
+    return StackState(key, "Pending", "", PENDING)
 
 
 def snapshot(objects: Iterable[Mapping[str, Any]], expected: Iterable[str] = ()) -> dict[str, StackState]:
@@ -95,6 +95,48 @@ def snapshot(objects: Iterable[Mapping[str, Any]], expected: Iterable[str] = ())
     for key in expected:
         states.setdefault(key, StackState(key, "Missing", "", "not created yet"))
     return states
+
+
+PENDING = "not yet picked up by its controller"
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorView:
+    """What says whether the local operator handles Stacks now: its process and the leader Lease."""
+
+    pid: int | None
+    """The operator's process, None when it does not run."""
+    last_line: str
+    """Its log's last line (what it said before it stopped)."""
+    log: str
+    lease: str
+    """namespace/name of the leader Lease."""
+    holder: str = ""
+    renewed_seconds_ago: float | None = None
+    """Since the Lease's renewTime; None when there is no Lease."""
+    duration_seconds: float = 15.0
+
+
+def operator_blocker(view: OperatorView, hostname: str) -> str:
+    """Why the operator handles no Stacks now, or "" when it leads (its identity is hostname_pid)."""
+    if view.pid is None:
+        # Its last words last: the progress line is cut at its end, never the log's path.
+        said = f"; it last said: {_shorten(view.last_line, 160)}" if view.last_line else ""
+        return f"the operator is not running (log: {view.log}; `make up` starts it again){said}"
+    if view.holder == f"{hostname}_{view.pid}":
+        return ""
+    if view.holder and view.renewed_seconds_ago is not None and view.renewed_seconds_ago < view.duration_seconds:
+        return (f"the operator (pid {view.pid}) is standing by: the Lease {view.lease} is held by {view.holder}, "
+                f"renewed {view.renewed_seconds_ago:.0f} s ago (log: {view.log})")
+    return f"the operator (pid {view.pid}) has not taken the Lease {view.lease} yet (log: {view.log})"
+
+
+def explain_pending(states: Mapping[str, StackState], why: str) -> dict[str, StackState]:
+    """Pending Stacks say `why` (the operator's state) instead of the generic message; others stay."""
+    if not why:
+        return dict(states)
+    return {key: dataclasses.replace(state, message=why) if state.state == "Pending" and " " not in key else state
+            for key, state in states.items()}
 
 
 def changes(before: Mapping[str, StackState], after: Mapping[str, StackState]) -> list[str]:
@@ -161,6 +203,18 @@ class StackReader:
     def flux_sources_and_kustomizations(self) -> list[dict[str, Any]]:
         return [*self._list(GIT_REPOSITORIES), *self._list(KUSTOMIZATIONS)]
 
+    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A coordination.k8s.io Lease's spec, None if there is none."""
+        from kubernetes import client
+
+        try:
+            found = client.CoordinationV1Api(self._api).read_namespaced_lease(name, namespace, _request_timeout=5)
+        except client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return self._api.sanitize_for_serialization(found).get("spec") or {}
+
     def get(self, key: str) -> dict[str, Any]:
         namespace, name = key.split("/", 1)
         return self.custom.get_namespaced_custom_object(*STACKS[:2], namespace, STACKS[2], name)
@@ -176,9 +230,11 @@ class StackReader:
 
 def watch(list_stacks: Callable[[], list[dict[str, Any]]], verdict_of: Callable[[Mapping[str, StackState]], Verdict],
           *, expected: Iterable[str] = (), timeout: float, say: Say = stderr_say, heartbeat: float = 60.0,
-          stop: Callable[[], bool] = lambda: False) -> tuple[Verdict, dict[str, StackState]]:
+          stop: Callable[[], bool] = lambda: False,
+          blocker: Callable[[], str] = lambda: "") -> tuple[Verdict, dict[str, StackState]]:
     """Poll until the verdict is done or failed, `stop()` says so, or `timeout` passes; a line for each
-    change and a reminder of who is still waiting every `heartbeat` seconds. Returns the last verdict."""
+    change and a reminder of who is still waiting every `heartbeat` seconds. Returns the last verdict.
+    `blocker()` says why no controller picks Stacks up (see operator_blocker); Pending ones say it."""
     expected = list(expected)
     started = last_said = time.monotonic()
     seen: dict[str, StackState] = {}
@@ -187,6 +243,8 @@ def watch(list_stacks: Callable[[], list[dict[str, Any]]], verdict_of: Callable[
         try:
             current = snapshot(list_stacks(), expected)
             failing_since = None
+            if any(state.state == "Pending" for state in current.values()):
+                current = explain_pending(current, _blocker(blocker))
         except Exception as error:  # noqa: BLE001 - an API hiccup is retried, and reported once it lasts
             now = time.monotonic()
             failing_since = failing_since if failing_since is not None else now
@@ -210,6 +268,13 @@ def watch(list_stacks: Callable[[], list[dict[str, Any]]], verdict_of: Callable[
             say(f"  ... still waiting ({format_seconds(now - started)}) for: {', '.join(waiting)}")
             last_said = now
         time.sleep(POLL_SECONDS)
+
+
+def _blocker(blocker: Callable[[], str]) -> str:
+    try:
+        return blocker()
+    except Exception:  # noqa: BLE001 - the Lease unreadable for a moment: the Stacks' own state still shows
+        return ""
 
 
 def flux_lines(objects: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -48,6 +48,9 @@ class ToolSpec:
     copy: dict[str, str] = dataclasses.field(default_factory=dict)
     kwok_stages: tuple[str, ...] = ()
     crds: tuple[str, ...] = ()
+    profile: str = ""
+    """The platform profile that needs this tool ("" = every platform): built on first use of that profile,
+    not by `make setup`."""
 
     @property
     def key(self) -> str:
@@ -56,7 +59,8 @@ class ToolSpec:
     @property
     def fingerprint(self) -> str:
         """Changes whenever anything about how the tool is built changes."""
-        blob = json.dumps({**dataclasses.asdict(self), "strip": STRIP_LDFLAGS}, sort_keys=True).encode()
+        settings = {k: v for k, v in dataclasses.asdict(self).items() if k != "profile"}  # when, not how
+        blob = json.dumps({**settings, "strip": STRIP_LDFLAGS}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -65,9 +69,24 @@ def load_specs(path: Path = SPEC_FILE) -> dict[str, ToolSpec]:
         raw = tomllib.load(handle)
     specs = {}
     for name, fields in raw["tools"].items():
+        # `like = "other"`: the other tool's build settings (module, version, flags) with these fields on top.
+        if "like" in fields:
+            base = {k: v for k, v in raw["tools"][fields["like"]].items() if k not in ("packages", "copy", "profile")}
+            fields = {**base, **{k: v for k, v in fields.items() if k != "like"}}
         tuples = {k: tuple(v) for k, v in fields.items() if isinstance(v, list)}
         specs[name] = ToolSpec(name=name, **{**fields, **tuples})
     return specs
+
+
+def default_tools(specs: dict[str, ToolSpec]) -> list[str]:
+    """What `make setup` builds and every platform uses: the tools of no particular profile."""
+    return [name for name, spec in specs.items() if not spec.profile]
+
+
+def profile_tools(profile: str, specs: dict[str, ToolSpec] | None = None) -> list[str]:
+    """Every tool a platform of `profile` runs: the default ones and its own."""
+    specs = specs if specs is not None else load_specs()
+    return [name for name, spec in specs.items() if spec.profile in ("", profile)]
 
 
 def cache_root() -> Path:
@@ -419,7 +438,7 @@ def ensure(
     entries = {}
     pending = []
     started = time.monotonic()
-    for name in names or list(specs):
+    for name in names or default_tools(specs):
         spec = specs[name]
         entry = cache_root() / "toolchain" / spec.key
         reason = "rebuild requested" if name in rebuild else check_entry(entry, spec)
@@ -454,10 +473,12 @@ def installed(names: list[str] | None = None) -> Toolchain:
     """The toolchain as built, without building: a clear error names what is missing."""
     specs = load_specs()
     entries = {}
-    for name in names or list(specs):
+    for name in names or default_tools(specs):
         entry = cache_root() / "toolchain" / specs[name].key
         if not (entry / MANIFEST).exists():
-            raise ToolchainError(f"toolchain entry {specs[name].key} is not built; fix: run `make setup`")
+            fix = (f"start a platform of that profile (strata local up --profile {specs[name].profile}) or run "
+                   f"`strata local toolchain {name}`" if specs[name].profile else "run `make setup`")
+            raise ToolchainError(f"toolchain entry {specs[name].key} is not built; fix: {fix}")
         entries[name] = entry
     return Toolchain(entries)
 
@@ -466,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="strata local toolchain", description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help="tools to build (default: all)")
+    parser.add_argument("names", nargs="*", help="tools to build (default: those every platform uses)")
     parser.add_argument("--rebuild", action="append", default=[], help="rebuild this tool even if cached")
     args = parser.parse_args(argv)
     try:

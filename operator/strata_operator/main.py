@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .api.sharding import MAIN_SELECTOR, SHARD_KEY, Shard
 from .api.stack import MIN_RESYNC_SECONDS
@@ -22,6 +23,10 @@ from .engine.process.plugins import default_plugin_cache
 from .engine.process.virtualenvs import default_python_cache
 from .services.flux_events import check_address
 from .services.memory import start_trimming
+
+if TYPE_CHECKING:  # imported when run() starts: importing controllers registers their Kopf handlers
+    from .controllers.leadership import ElectionSettings
+    from .controllers.preflight import PreflightSettings
 
 # The modules whose Kopf handlers the operator runs, in the order they register: startup handlers run
 # in it, so leadership's, which waits until this process leads, comes last.
@@ -129,6 +134,18 @@ def workspace_settings(args: argparse.Namespace) -> WorkspaceSettings | None:
                              node_selector=selector, tolerations=tuple(tolerations))
 
 
+def preflight_settings(args: argparse.Namespace, election: ElectionSettings) -> PreflightSettings:
+    from .controllers.leadership import discover_namespace
+    from .controllers.preflight import PortSetting, PreflightSettings
+
+    lease = None
+    if election.enabled:
+        lease = (election.namespace or discover_namespace(election.kubeconfig)[0], election.lease_name)
+    return PreflightSettings(ports=(PortSetting("--metrics-port", args.metrics_port, "metrics"),
+                                    PortSetting("--health-port", args.health_port, "health")),
+                             kubeconfig=args.kubeconfig, lease=lease)
+
+
 class ObjectPrefixFormatter(logging.Formatter):
     """Prefix Kopf's per-object records with [namespace/name], as `kopf run` does."""
 
@@ -148,7 +165,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     for module in HANDLER_MODULES:  # importing one registers its Kopf handlers
         importlib.import_module(f"{__package__}.{module}")
     from .controllers.context import OperatorSettings
+    from .controllers import preflight
     from .controllers.leadership import ElectionSettings, check_settings
+    from .controllers.startup import StartupFailed, describe_startup_failure
 
     args = build_parser().parse_args(argv)
     if args.concurrency is None:
@@ -176,19 +195,25 @@ def run(argv: Sequence[str] | None = None) -> int:
     election = ElectionSettings(enabled=not args.no_leader_election,
                                 lease_name=args.leader_election_lease or shard.lease_name(DEFAULT_LEASE_NAME),
                                 namespace=args.leader_election_namespace, kubeconfig=args.kubeconfig,
-                                health_endpoint=liveness)
+                                health_endpoint=liveness, restart_in_place=True)
     check_settings(election)
     console = logging.StreamHandler()
     console.setFormatter(ObjectPrefixFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, handlers=[console])
+    log = logging.getLogger("strata_operator")
+    failures = preflight.check(preflight_settings(args, election))  # before anything is started or forked
+    if failures:
+        for failure in failures:
+            log.critical("%s", failure.line())
+        return 1
     engine = EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
                             timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
                             plugin_cache=args.plugin_cache.expanduser().absolute(),
                             python_cache=args.python_cache.expanduser().absolute())
     try:
-        logging.getLogger("strata_operator").info("%s", engine.summary())
+        log.info("%s", engine.summary())
     except EngineUnavailable as err:
-        logging.getLogger("strata_operator").error("%s", err)
+        log.error("%s", err)
     settings = OperatorSettings(
         engine=engine,
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
@@ -196,8 +221,14 @@ def run(argv: Sequence[str] | None = None) -> int:
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
         workspace=workspace, shard=shard)
     start_trimming()  # the free heap a burst of Stacks leaves goes back to the system
-    kopf.run(
-        clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
-        liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election,
-                                                   watched_namespaces=len(args.namespace)))
+    try:
+        kopf.run(
+            clusterwide=not args.namespace, namespaces=args.namespace, standalone=True,
+            liveness_endpoint=liveness, memo=kopf.Memo(operator_settings=settings, leader_election=election,
+                                                       watched_namespaces=len(args.namespace)))
+    except StartupFailed as err:
+        # A startup handler failed (they are registered errors=PERMANENT): no retry; the engine's fork
+        # server, if one started, exits with this process (its stdin closes).
+        log.critical("cannot start: %s", describe_startup_failure(err))
+        return 1
     return 0

@@ -48,3 +48,18 @@ def operator_image(toolchain: Toolchain, node: realnode.RealNode) -> ImageArchiv
 def real_node_pod_spec(**spec) -> dict:
     """A pod spec that lands on the real node (its label and its taint's toleration)."""
     return {"nodeSelector": dict(realnode.NODE_LABEL), "tolerations": [dict(realnode.TOLERATION)], **spec}
+
+
+def wait_phase(core, namespace: str, name: str, phases: set[str], timeout: float = 120):
+    """The pod once it reached one of `phases`, else an assertion naming where it stands."""
+    from strata_components.local import processes
+
+    def phase():
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase in phases else None
+
+    try:
+        return processes.wait_until(phase, timeout, f"pod {name} in {sorted(phases)}")
+    except processes.ProcessError:
+        pod = core.read_namespaced_pod(name, namespace)
+        raise AssertionError(f"pod {name}: phase {pod.status.phase}, {pod.status.container_statuses}") from None

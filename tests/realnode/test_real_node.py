@@ -10,10 +10,10 @@ from pathlib import Path
 
 from kubernetes import client
 
-from strata_components.local import processes, realnode
+from strata_components.local import realnode
 from strata_components.local.platform import LocalPlatform
 
-from .conftest import real_node_pod_spec
+from .conftest import real_node_pod_spec, wait_phase
 
 # Runs in the operator image: who am I, asked of the apiserver with the pod's own credentials only.
 WHOAMI = """
@@ -29,25 +29,13 @@ print("WHOAMI", host, port, review["status"]["userInfo"]["username"])
 """
 
 
-def _wait_phase(core: client.CoreV1Api, namespace: str, name: str, phases: set[str], timeout: float = 90):
-    def phase():
-        pod = core.read_namespaced_pod(name, namespace)
-        return pod if pod.status.phase in phases else None
-
-    try:
-        return processes.wait_until(phase, timeout, f"pod {name} in {sorted(phases)}")
-    except processes.ProcessError:
-        pod = core.read_namespaced_pod(name, namespace)
-        raise AssertionError(f"pod {name}: phase {pod.status.phase}, {pod.status.container_statuses}") from None
-
-
 def test_a_pod_runs_and_calls_the_apiserver_as_its_service_account(kube_client, namespace, operator_image):
     core = client.CoreV1Api(kube_client)
     core.create_namespaced_pod(namespace, {"metadata": {"name": "whoami"}, "spec": real_node_pod_spec(
         restartPolicy="Never",
         containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
                      "command": ["python", "-c", WHOAMI]}])})
-    pod = _wait_phase(core, namespace, "whoami", {"Succeeded", "Failed"})
+    pod = wait_phase(core, namespace, "whoami", {"Succeeded", "Failed"}, timeout=90)
     log = core.read_namespaced_pod_log("whoami", namespace)  # apiserver -> kubelet, with its client certificate
     assert pod.status.phase == "Succeeded", log
     assert pod.spec.node_name == "real-0"
@@ -59,14 +47,14 @@ def test_workloads_without_the_toleration_stay_on_kwok(kube_client, namespace):
     core = client.CoreV1Api(kube_client)
     core.create_namespaced_pod(namespace, {"metadata": {"name": "plain"}, "spec": {
         "containers": [{"name": "main", "image": "registry.example/app:1"}]}})
-    pod = _wait_phase(core, namespace, "plain", {"Running"})
+    pod = wait_phase(core, namespace, "plain", {"Running"}, timeout=90)
     assert pod.spec.node_name.startswith("strata-node-"), pod.spec.node_name
 
 
 def _host_view(node: realnode.RealNode) -> dict:
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     return {
-        "sysctls": {name: realnode._read_sysctl(name) for name in realnode.KUBELET_SYSCTLS},
+        "sysctls": {name: realnode._read_sysctl(name) for name in realnode.RECORDED_SYSCTLS},
         "bridge": Path(f"/sys/class/net/{realnode.BRIDGE}").exists(),
         "mounts": [m for m in mounts if m.startswith((str(node.directory), str(node.runtime_dir)))],
         "cgroups": [str(h) for h in Path("/sys/fs/cgroup").iterdir() if (h / node.cgroup_root.lstrip("/")).exists()],
@@ -84,7 +72,7 @@ def test_down_undoes_what_the_node_changed_on_the_host(platform: LocalPlatform, 
     core.create_namespaced_pod(namespace, {"metadata": {"name": "busy"}, "spec": real_node_pod_spec(
         containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
                      "command": ["sleep", "3600"]}])})
-    _wait_phase(core, namespace, "busy", {"Running"})
+    wait_phase(core, namespace, "busy", {"Running"}, timeout=90)
     running = _host_view(node)
     assert running["bridge"] and running["mounts"] and running["cgroups"], running
 

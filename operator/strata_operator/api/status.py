@@ -163,6 +163,11 @@ def changes_text(summary: dict[str, int]) -> str:
     return ", ".join(f"{op} {n}" for op, n in shown.items()) or "no changes"
 
 
+def success_message(summary: dict[str, int]) -> str:
+    """The Event of a successful update: PKO's words, then what it changed."""
+    return "Successfully updated stack" + (f" ({changes_text(summary)})" if summary else "")
+
+
 def has_changes(summary: dict[str, int]) -> bool:
     return any(n for op, n in summary.items() if op != "same")
 

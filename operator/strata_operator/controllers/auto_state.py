@@ -142,7 +142,7 @@ def workspace_request(namespace: str, name: str, raw: dict[str, Any], spec: Work
         **{"stack_name": "", **options})
 
 
-@kopf.on.startup()
+@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
 async def start_auto(memo: kopf.Memo, **_: Any) -> None:
     """On the operator's own memo: each object's handlers get a shallow copy of it, so state set there
     would be that object's alone."""

@@ -4,9 +4,9 @@ a pod) only one handles Stacks: the Kopf wiring and the few Lease API calls arou
 The startup handler blocks until this process holds the Lease, which holds back every Stack handler
 (Kopf starts none before its startup handlers return); meanwhile a small stand-in answers the health
 endpoint, so a standby is alive and never restarted by its probes. Once leading, a background task
-renews the Lease. A leader that cannot renew within RENEW_DEADLINE_SECONDS kills its update workers
-and exits at once, before a standby may take over; a Deployment restarts it as a standby. On a clean
-stop the cleanup handler releases the Lease once the handlers have stopped, so a standby takes over
+renews the Lease. A leader that cannot renew within RENEW_DEADLINE_SECONDS kills its update workers,
+before a standby may take over, and starts afresh in the same process as a standby (exits when not run
+by the operator's main). On a clean stop the cleanup handler releases the Lease once the handlers have stopped, so a standby takes over
 within RETRY_PERIOD_SECONDS instead of waiting for the Lease to lapse.
 """
 
@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import time
 import urllib.parse
 from datetime import datetime, timezone
@@ -57,6 +58,8 @@ class ElectionSettings:
     kubeconfig: str | None = None
     health_endpoint: str | None = None
     """Kopf's liveness endpoint, answered by a stand-in while this process stands by."""
+    restart_in_place: bool = False
+    """On losing the Lease, start the operator afresh in this process (a standby again) instead of exiting."""
 
 
 def check_settings(settings: ElectionSettings) -> None:
@@ -130,8 +133,9 @@ def describe_namespace_error(err: ApiException, namespace: str) -> str:
 class Elector:
     """One candidate for one Lease: reads it, decides (decisions/lease.py), writes."""
 
-    def __init__(self, kube: Kube, namespace: str, name: str, me: str):
+    def __init__(self, kube: Kube, namespace: str, name: str, me: str, restart_in_place: bool = False):
         self.kube, self.namespace, self.name, self.identity = kube, namespace, name, me
+        self.restart_in_place = restart_in_place
         self.observation: Observation | None = None
         self.leading = False
         self.renewer: asyncio.Task | None = None
@@ -329,14 +333,23 @@ def kill_workers() -> int:
 
 
 def stop_handling(elector: Elector, reason: str) -> None:
-    """No longer the leader: stop every update now and exit, before a standby may start its own."""
+    """No longer the leader: stop every update now, before a standby may start its own, and start again as
+    a standby in this process (the operator's run), else exit."""
     elector.leading = False
     killed = kill_workers()
-    logger.critical("lost leadership: %s. Exiting now (%d worker process(es) killed) so that no two operators run "
-                    "updates; a Deployment restarts this process as a standby", reason, killed)
+    then = ("restarting in place as a standby (same process and log; it waits for the API server and the Lease)"
+            if elector.restart_in_place else "exiting; a Deployment restarts this process as a standby")
+    logger.critical("lost leadership: %s. %d worker process(es) killed so that no two operators run updates; %s",
+                    reason, killed, then)
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()
+    if elector.restart_in_place:
+        # A fresh image: Kopf's state, threads and sockets (not inherited) gone, the same pid, so whatever
+        # supervises the process (the local platform, a kubelet) sees it running, never a crash loop. The
+        # same identity leads again only if nobody took the Lease meanwhile.
+        with contextlib.suppress(OSError):
+            os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     os._exit(1)
 
 
@@ -377,9 +390,13 @@ class StandbyHealth:
 # --- Kopf wiring --------------------------------------------------------------------------------
 
 
-@kopf.on.startup()
+@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
 async def elect_leader(memo: kopf.Memo, **_: Any) -> None:
     """Block Kopf's start until this process holds the Lease, then keep renewing it."""
+    if "ctx" not in memo:
+        # An earlier startup handler failed for good (they run in order, this one last): the process exits
+        # once the startup activity ends, which standing by for the Lease would put off indefinitely.
+        return
     settings: ElectionSettings = memo.get("leader_election") or ElectionSettings(enabled=False)
     if not settings.enabled:
         logger.info("leader election is off (--no-leader-election): run no other operator on this cluster, or "
@@ -389,7 +406,7 @@ async def elect_leader(memo: kopf.Memo, **_: Any) -> None:
         discover_namespace(settings.kubeconfig)
     kube = Kube.from_environment(settings.kubeconfig)
     kube.executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="leader-lease")
-    elector = Elector(kube, namespace, settings.lease_name, identity())
+    elector = Elector(kube, namespace, settings.lease_name, identity(), settings.restart_in_place)
     logger.info("leader election on the Lease %s (namespace from %s) as %s", elector.lease, source, elector.identity)
     standby = StandbyHealth(settings.health_endpoint, elector)
     await standby.start()

@@ -282,7 +282,9 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
                     metrics.mark_drifted(session.namespace, session.name, False)
             if problem is None:
                 fields["lastUpdate"] = st.succeeded_update(run, result.permalink, utc_now())
-                post_event(session.body, st.EVENT_UPDATE_SUCCESSFUL, "Successfully updated stack", revision=revision)
+                # The change summary makes the Stack's Events its update history (the console shows them).
+                post_event(session.body, st.EVENT_UPDATE_SUCCESSFUL, st.success_message(result.summary),
+                           revision=revision)
             else:
                 fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run,
                                                         st.OUTPUTS_SECRET_FAILED, problem, result.permalink, utc_now())

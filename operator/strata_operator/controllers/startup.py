@@ -8,7 +8,10 @@ import asyncio
 from typing import Any
 
 import kopf
+# Raised out of kopf.run once a startup handler failed for good (Kopf does not export it).
+from kopf._core.engines.activities import ActivityError as StartupFailed
 
+from ..decisions.backoff import ApiRetryDelays
 from ..engine.pod.executor import PodEngine
 from ..engine.port import Engine, EngineUnavailable
 from ..engine.process.executor import AutomationEngine
@@ -18,7 +21,19 @@ from ..services.redaction import install_log_redaction
 from .context import Context, OperatorSettings, passes_in_flight
 
 
-@kopf.on.startup()
+def describe_startup_failure(err: StartupFailed) -> str:
+    """The handler's own error, which says what failed (Kopf's message only says that one did)."""
+    cause = err.__cause__
+    if cause is None:
+        return str(err)
+    if isinstance(cause, kopf.PermanentError):
+        return str(cause)  # ours, naming the cause and the fix
+    return f"{type(cause).__name__}: {cause}; fix: see the error logged above"
+
+
+# Startup handlers fail for good (errors=PERMANENT): Kopf's default retries them every 60 s forever, each
+# try forking another fork server, while nothing says the operator is not running.
+@kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     options: OperatorSettings = memo.get("operator_settings") or OperatorSettings()
     shard = options.shard  # the main operator keeps PKO's finalizer; a shard has names of its own
@@ -27,19 +42,29 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=shard.annotations_prefix)
     settings.posting.level = 100  # only our explicit, redacted Events; never Kopf's log lines
     settings.watching.server_timeout = 270
+    settings.networking.error_backoffs = ApiRetryDelays()  # ride out a sick API server, and come back spread
     install_log_redaction()
     kube = Kube.from_environment(options.kubeconfig)
     engine: Engine = (PodEngine(options.engine, options.workspace, kube) if options.workspace is not None
                       else AutomationEngine(options.engine))
-    memo.ctx = Context(kube=kube, engine=engine, settings=options,
-                       passes=asyncio.Semaphore(passes_in_flight(options.engine.concurrency)))
-    options.engine.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        options.engine.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise kopf.PermanentError(f"the state directory {options.engine.state_dir} (--state-dir) cannot be made "
+                                  f"({err.strerror}); fix: give --state-dir a directory this user may write")
+    if options.metrics_port:  # before anything is forked: a port taken since the preflight fails here
+        try:
+            metrics.serve(options.metrics_port)
+        except OSError as err:
+            raise kopf.PermanentError(f"the metrics port {options.metrics_port} (--metrics-port) cannot be bound "
+                                      f"({err.strerror}); fix: give --metrics-port a free port (0 turns it off)")
     try:
         await engine.start()  # so the first update does not wait for it
     except EngineUnavailable as err:
         logger.warning("%s; the first update will try again", err)
-    if options.metrics_port:
-        metrics.serve(options.metrics_port)
+    # Last: the engine probe and leader election read its presence as "configured".
+    memo.ctx = Context(kube=kube, engine=engine, settings=options,
+                       passes=asyncio.Semaphore(passes_in_flight(options.engine.concurrency)))
     if options.flux_events_address:
         events.start_flux_events(options.flux_events_address)
         logger.info("Stack Events also go to Flux's notification-controller at %s", options.flux_events_address)

@@ -11,10 +11,12 @@ from typing import Any
 from urllib.parse import quote
 
 import kubernetes
+import urllib3
 import yaml
 from kubernetes.client.rest import ApiException
 
 from ..api import GROUP, VERSION
+from . import api_health
 
 FLUX_GROUP = "source.toolkit.fluxcd.io"
 FLUX_PLURALS = {"GitRepository": "gitrepositories", "OCIRepository": "ocirepositories", "Bucket": "buckets"}
@@ -71,9 +73,20 @@ class Kube:
             raise
 
     async def _call(self, fn, *args, **kwargs) -> Any:
-        if self.executor is None:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        try:
+            if self.executor is None:
+                result = await asyncio.to_thread(fn, *args, **kwargs)
+            else:
+                result = await asyncio.get_running_loop().run_in_executor(self.executor,
+                                                                          functools.partial(fn, *args, **kwargs))
+        except ApiException as err:
+            api_health.record(err.status)
+            raise
+        except (urllib3.exceptions.HTTPError, OSError, TimeoutError) as err:  # no answer at all
+            api_health.record(None, err)
+            raise
+        api_health.record(None)
+        return result
 
     async def get_custom(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict | None:
         try:

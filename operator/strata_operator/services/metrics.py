@@ -1,5 +1,5 @@
 """Prometheus metrics on their own registry and port: stacks_active, stacks_failing, stacks_drifted, update
-durations, drift checks."""
+durations, drift checks, and whether the API server answers (api_server_failing, api_server_errors_total)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ STACKS_FAILING = Gauge("stacks_failing", "1 while a Stack's last update failed o
 STACKS_DRIFTED = Gauge("stacks_drifted", "1 while a Stack's last drift check found changes made outside Pulumi",
                        ["namespace", "name"], registry=REGISTRY)
 DRIFT_CHECKS = Counter("drift_checks", "Drift checks (refresh previews) by outcome", ["outcome"], registry=REGISTRY)
+API_FAILING = Gauge("api_server_failing", "1 while the operator's calls to the API server fail (5xx, 429, "
+                    "timeouts, refused connections); alert on it staying 1", registry=REGISTRY)
+API_ERRORS = Counter("api_server_errors", "The operator's API calls that failed for the server's sake, by cause",
+                     ["cause"], registry=REGISTRY)
 UPDATE_DURATION = Histogram("stack_update_duration_seconds", "Duration of engine operations",
                             ["operation", "outcome"], registry=REGISTRY,
                             buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))

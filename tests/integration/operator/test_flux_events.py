@@ -181,7 +181,7 @@ def test_stack_events_reach_notification_controller_and_alerts_route_them_to_a_g
             assert event["involvedObject"] == {
                 "kind": "Stack", "namespace": namespace, "name": "good", "uid": ready["metadata"]["uid"],
                 "apiVersion": "pulumi.com/v1", "resourceVersion": event["involvedObject"]["resourceVersion"]}
-            assert event["severity"] == "info" and event["message"] == "Successfully updated stack"
+            assert event["severity"] == "info" and event["message"].startswith("Successfully updated stack (")
             assert event["reportingController"] == "strata-operator" and event["reportingInstance"]
             # notification-controller strips the pulumi.com/ and event.toolkit.fluxcd.io/ prefixes and adds the
             # Alert's eventMetadata (Flux RFC 0008).

@@ -82,3 +82,26 @@ def test_a_missing_kubeconfig_is_one_line_naming_the_fix(capsys, monkeypatch):
     assert cli.main(["get", "stacks"]) == 1
     assert capsys.readouterr().err == ("error: no kubeconfig at /nonexistent/config: set KUBECONFIG or pass "
                                        "--kubeconfig (for the local platform: eval \"$(strata local env)\")\n")
+
+
+def test_console_takes_a_port_and_kubectl_options():
+    args = cli.parse(["console", "--port", "0", "--kubeconfig", "k", "--context", "c",
+                      "--operator-state-dir", "/s"])
+    assert (args.handler, args.port, args.kubeconfig, args.context, args.operator_state_dir) == (
+        cli._console, 0, "k", "c", Path("/s"))
+    assert cli.parse(["console"]).port == 0  # a free port, printed with the URL: never a fixed one that may be taken
+
+
+def test_console_on_a_busy_port_is_one_line_naming_the_fix(capsys, monkeypatch, tmp_path):
+    import socket
+
+    from strata_components import stackctl
+
+    monkeypatch.setattr(stackctl.Cluster, "connect", classmethod(lambda cls, *a: stackctl.Cluster(None, "default", "s")))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["console", "--port", str(port)]) == 1
+    error = capsys.readouterr().err
+    assert f"--port {port}: cannot listen" in error and "0 for a free one" in error

@@ -7,8 +7,8 @@ import pytest
 import yaml
 from strata_mocks import FAKE_CA, fake_token
 
-from strata_components.operator import (Operator, build_executor_flags, build_operator_deployment, build_operator_objects,
-                                        build_operator_rbac, load_packaged_manifests)
+from strata_components.operator import (Operator, build_executor_flags, build_local_ports, build_operator_deployment,
+                                        build_operator_objects, build_operator_rbac, load_packaged_manifests)
 from strata_operator.api.label_selector import parse_label_selector
 
 READ = {"get", "list", "watch"}
@@ -255,10 +255,11 @@ def test_local_operator_runs_on_the_host_with_its_own_service_account_token(harn
     process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
     assert process.parent == harness.one("strata:index:Operator").urn
     # Its per-Stack state stays inside the platform's state directory, not the user's ~/.cache.
-    assert process.inputs["command"] == ["/venv/bin/python", "-m", "strata_operator",
-                                         "--state-dir=/tmp/strata-state/operator", "--metrics-port=8383",
-                                         "--health-port=18384"]
-    assert process.inputs["health_url"] == "http://127.0.0.1:18384/healthz"
+    assert process.inputs["command"] == ["/venv/bin/python", "-m", "strata_operator"]
+    assert process.inputs["flags"] == ["--state-dir=/tmp/strata-state/operator"]
+    # No fixed metrics port (None is dropped on the way): the provider takes the platform's own, picked free
+    # and kept.
+    assert process.inputs["requested_ports"] == {"health_port": 18384}
     assert "kubeconfig" in process.additional_secret_outputs
     secret = harness.one("kubernetes:core/v1:Secret")
     binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
@@ -301,4 +302,11 @@ def test_flux_events_address_becomes_the_operator_flag_in_both_modes(harness):
 
     harness.run(program)
     process = harness.one("pulumi-python:dynamic:Resource", "operator-process")
-    assert "--flux-events-address=http://127.0.0.1:9090/" in process.inputs["command"]
+    assert "--flux-events-address=http://127.0.0.1:9090/" in process.inputs["flags"]
+
+
+def test_local_operator_ports_are_the_platforms_kept_ones_unless_the_args_give_them():
+    kept = {"operator_metrics": 40111, "operator_health": 40112}
+    assert build_local_ports({"metrics_port": None, "health_port": None}, kept) == {
+        "metrics_port": 40111, "health_port": 40112}
+    assert build_local_ports({"metrics_port": 9000.0}, kept) == {"metrics_port": 9000, "health_port": 40112}

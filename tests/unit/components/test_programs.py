@@ -74,7 +74,9 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     assert command[command.index("--pulumi") + 1] == str(pulumi_bin / "pulumi")
     plugin_dirs = [command[i + 1] for i, flag in enumerate(command) if flag == "--plugin-dir"]
     assert plugin_dirs == [str(pulumi_bin), str(tmp_path / "pulumi-home" / "plugins" / "resource-kubernetes-v4.34.2")]
-    assert f"--state-dir={Path('~/.local/state/strata/platform').expanduser() / 'operator'}" in command
+    assert f"--state-dir={Path('~/.local/state/strata/platform').expanduser() / 'operator'}" in process.inputs["flags"]
+    # No fixed metrics/health port (another operator on the host may hold 8383): the platform's kept ones.
+    assert not process.inputs.get("requested_ports") and not any("-port" in arg for arg in command)
 
     # This project is published to the platform's git server; the Stack pins the published commit.
     repo = harness.one("pulumi-python:dynamic:Resource", "project-repo")

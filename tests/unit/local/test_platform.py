@@ -59,6 +59,24 @@ def test_a_platform_from_before_a_new_component_keeps_its_ports(tmp_path, toolch
     assert json.loads((state / "platform.json").read_text())["ports"] == ports
 
 
+def test_the_operator_gets_free_ports_of_its_own_kept_across_restarts_and_shown_with_its_state(tmp_path, toolchain):
+    state = tmp_path / "state"
+    state.mkdir()
+    # A platform from before the operator's ports were kept: they are added, the others stay.
+    old = {name: 21000 + index for index, name in enumerate(PORTS) if not name.startswith("operator_")}
+    (state / "platform.json").write_text(json.dumps({"ports": old}))
+    platform = LocalPlatform(PlatformConfig(state_dir=state), toolchain)
+    ports = platform.controller_ports("strata-operator")
+    assert set(ports) == {"operator_metrics", "operator_health"}
+    assert not set(ports.values()) & {8383, 8384} and not set(ports.values()) & set(old.values())
+    again = LocalPlatform(PlatformConfig(state_dir=state), toolchain)
+    assert again.controller_ports("strata-operator") == ports and again.ports() == {**old, **ports}
+    assert "strata-operator" not in again.status()  # never started here: not a process of this platform
+    (again.run_dir).mkdir(parents=True)
+    (again.run_dir / "strata-operator.json").write_text(json.dumps({"pid": 2 ** 22 + 1, "argv0": "/bin/false"}))
+    assert again.status()["strata-operator"] is False  # started, now dead: shown
+
+
 def test_unknown_host_controllers_are_refused(tmp_path, toolchain):
     with pytest.raises(PlatformError, match="unknown host controllers \\['helm-controller'\\]"):
         LocalPlatform(PlatformConfig(state_dir=tmp_path, host_controllers=("helm-controller",)), toolchain)
@@ -76,3 +94,29 @@ def test_flux_runs_locked_down_and_the_git_server_under_an_identity_of_its_own(t
                               "verbs": ["list", "patch"]}]
     assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
                                     "name": "strata:git-server"}]
+
+
+def test_an_unknown_profile_is_refused_naming_the_choices(tmp_path, toolchain):
+    with pytest.raises(PlatformError, match=r"unknown profile 'prod'; choose from \['dev', 'cluster'\]"):
+        LocalPlatform(PlatformConfig(state_dir=tmp_path, profile="prod"), toolchain)
+
+
+def test_the_cluster_profile_has_at_least_two_real_nodes_and_dev_none_unless_asked():
+    assert PlatformConfig(profile="cluster").real_node_count == 2
+    assert PlatformConfig(profile="cluster", real_nodes=3).real_node_count == 3
+    assert PlatformConfig().real_node_count == 0 and PlatformConfig(real_nodes=1).real_node_count == 1
+
+
+def test_a_taken_kube_proxy_port_is_one_error_naming_the_port_and_the_fix(tmp_path, toolchain):
+    import socket
+
+    platform = LocalPlatform(PlatformConfig(state_dir=tmp_path, profile="cluster"), toolchain)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(PlatformError) as error:
+            platform._check_port_free(port, "kube-proxy", tmp_path / "nodes" / "kube-proxy.json")
+    message = str(error.value)
+    assert f"port {port} (kube-proxy) is already in use on 127.0.0.1" in message
+    assert str(tmp_path / "nodes" / "kube-proxy.json") in message and "\n" not in message

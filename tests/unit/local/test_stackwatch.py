@@ -129,3 +129,57 @@ def test_only_the_finalizers_stall_of_a_deleting_stack_is_a_failed_destroy():
     for reason in ("DestroyBlocked", "NamespaceTerminating"):
         assert stackwatch.stack_state(deleted_stack("2026-11-23T00:00:01Z", reason)).state == "Stalled"
     assert stackwatch.stack_state(deleted_stack("2026-11-22T23:59:59Z", "DestroyBlocked")).state == "Deleting"
+
+
+VIEW = stackwatch.OperatorView(pid=4242, last_line="", log="/p/logs/strata-operator.log",
+                               lease="strata-system/strata-operator-leader")
+
+
+def test_a_pending_stack_says_the_operator_is_not_running_with_its_last_words():
+    import dataclasses
+
+    dead = dataclasses.replace(VIEW, pid=None, last_line="cannot start: the metrics port 8383 (--metrics-port) is "
+                                                         "already in use on this host; fix: ...")
+    why = stackwatch.operator_blocker(dead, "host")
+    assert why.startswith("the operator is not running (log: /p/logs/strata-operator.log; `make up` starts it "
+                          "again); it last said: cannot start: the metrics port 8383")
+    pending = {"strata-system/p": StackState("strata-system/p", "Pending", "", stackwatch.PENDING)}
+    line = stackwatch.explain_pending(pending, why)["strata-system/p"].line()
+    assert line == f"  strata-system/p: Pending: {why}"[:240 + len("  strata-system/p: Pending: ")]
+    # However long its last line, the progress line keeps the log's path.
+    long = stackwatch.operator_blocker(dataclasses.replace(dead, last_line="x" * 1000), "host")
+    assert "(log: /p/logs/strata-operator.log" in StackState("s/p", "Pending", "", long).line()
+
+
+def test_the_operator_standing_by_or_without_the_lease_is_named_and_a_leader_is_not():
+    import dataclasses
+
+    other = dataclasses.replace(VIEW, holder="elsewhere_7", renewed_seconds_ago=3.0)
+    assert stackwatch.operator_blocker(other, "host") == (
+        "the operator (pid 4242) is standing by: the Lease strata-system/strata-operator-leader is held by "
+        "elsewhere_7, renewed 3 s ago (log: /p/logs/strata-operator.log)")
+    lapsed = dataclasses.replace(other, renewed_seconds_ago=40.0)
+    assert "has not taken the Lease strata-system/strata-operator-leader yet" in stackwatch.operator_blocker(lapsed,
+                                                                                                           "host")
+    assert "has not taken" in stackwatch.operator_blocker(VIEW, "host")  # no Lease yet
+    assert stackwatch.operator_blocker(dataclasses.replace(VIEW, holder="host_4242", renewed_seconds_ago=1.0),
+                                       "host") == ""
+
+
+def test_only_pending_stacks_take_the_reason_and_the_watch_says_it_at_once(monkeypatch):
+    monkeypatch.setattr(stackwatch, "POLL_SECONDS", 0)
+    states = {"s/a": StackState("s/a", "Pending", "", stackwatch.PENDING),
+              "s/b": StackState("s/b", "Ready", "ProcessingCompleted"),
+              "kustomization s/c": StackState("kustomization s/c", "Pending", "", stackwatch.PENDING)}
+    explained = stackwatch.explain_pending(states, "the operator is not running")
+    assert explained["s/a"].message == "the operator is not running"
+    assert explained["s/b"] == states["s/b"] and explained["kustomization s/c"] == states["kustomization s/c"]
+    assert stackwatch.explain_pending(states, "") == states
+    reasons = iter(["", "the operator is not running (log: x)"])
+    rounds = iter([[_stack("a")], [_stack("a")], [_stack("a", conditions=READY)]])
+    said = []
+    stackwatch.watch(lambda: next(rounds), stackwatch.ready_verdict, timeout=60, say=said.append,
+                     blocker=lambda: next(reasons))
+    assert said == ["  strata-system/a: Pending: not yet picked up by its controller",
+                    "  strata-system/a: Pending: the operator is not running (log: x)",
+                    "  strata-system/a: Ready (ProcessingCompleted)"]

@@ -185,3 +185,34 @@ def test_phases_read_as_one_line_per_entry():
         "link_seconds": {"kube-apiserver": 21.4, "kubectl": 9.0}})
     assert line == ("  kubernetes-v1.34.4: modules 14.2s, compile and link 9m05s (2890 packages; "
                     "links: kube-apiserver 21s, kubectl 9s)")
+
+
+def test_profile_tools_are_built_on_that_profiles_first_use_not_by_make_setup():
+    specs = load_specs()
+    defaults = toolchain.default_tools(specs)
+    assert not {"kube-proxy", "coredns", "registry", "minio"} & set(defaults)
+    assert {"kubernetes", "etcd", "kwok", "pulumi"} <= set(defaults)
+    assert {"kube-proxy", "coredns", "registry", "minio", *defaults} == set(toolchain.profile_tools("cluster", specs))
+    assert toolchain.profile_tools("dev", specs) == defaults
+
+
+def test_a_tool_like_another_shares_its_build_settings_and_its_build_cache():
+    specs = load_specs()
+    proxy, kubernetes = specs["kube-proxy"], specs["kubernetes"]
+    assert (proxy.module, proxy.version, proxy.staging, proxy.tags, proxy.ldflags) == (
+        kubernetes.module, kubernetes.version, kubernetes.staging, kubernetes.tags, kubernetes.ldflags)
+    assert proxy.packages == {"cmd/kube-proxy": "kube-proxy"} and proxy.profile == "cluster"
+    assert specs["coredns"].version == "v1.15.0" and specs["coredns"].module == "github.com/coredns/coredns"
+
+
+def test_a_profile_does_not_change_the_fingerprint_so_existing_entries_stay_cache_hits():
+    spec = load_specs()["kwok"]
+    assert type(spec)(**{**spec.__dict__, "profile": "cluster"}).fingerprint == spec.fingerprint
+
+
+def test_an_unbuilt_profile_tool_names_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRATA_CACHE", str(tmp_path))
+    with pytest.raises(ToolchainError) as error:
+        toolchain.installed(["coredns"])
+    assert "coredns-v1.15.0 is not built" in str(error.value)
+    assert "strata local up --profile cluster" in str(error.value) and "strata local toolchain coredns" in str(error.value)

@@ -76,3 +76,11 @@ def test_changes_read_in_the_engines_words():
 def test_the_engines_refusal_of_a_strayed_plan_is_recognised():
     assert plan_refused("resource urn:pulumi:dev::p::pulumi:index:Stash::note violates plan: properties changed")
     assert not plan_refused("missing required configuration variable 'region'")
+
+
+def test_a_successful_updates_event_says_what_it_changed():
+    from strata_operator.api.status import success_message
+
+    assert success_message({"create": 2, "same": 1}) == "Successfully updated stack (create 2)"
+    assert success_message({"same": 3}) == "Successfully updated stack (no changes)"
+    assert success_message({}) == "Successfully updated stack"

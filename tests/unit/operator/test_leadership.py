@@ -434,3 +434,28 @@ def test_losing_leadership_kills_the_workers_and_exits_with_one_clear_line():
     assert out.returncode == 1 and "not reached" not in out.stdout
     (line,) = [line for line in out.stderr.splitlines() if line.startswith("CRITICAL")]
     assert "lost leadership: the Lease ns/leader is now held by b_2" in line and "1 worker process(es) killed" in line
+
+
+def test_losing_leadership_in_the_operators_run_starts_it_afresh_in_the_same_process(tmp_path):
+    # The script plays the operator's main: its second life (the same pid, after exec) says so and stops.
+    marker = tmp_path / "lives"
+    script = textwrap.dedent(f"""\
+        import logging, os, pathlib, subprocess, time
+        from strata_operator.controllers.leadership import Elector, stop_handling
+        marker = pathlib.Path({str(marker)!r})
+        lives = marker.read_text().split() if marker.exists() else []
+        marker.write_text(" ".join([*lives, str(os.getpid())]))
+        if lives:
+            raise SystemExit(0)
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+        worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        time.sleep(0.2)
+        stop_handling(Elector(None, "ns", "leader", "a_1", restart_in_place=True), "the Lease could not be renewed")
+        print("not reached")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "not reached" not in out.stdout, out.stderr
+    first, second = marker.read_text().split()
+    assert first == second  # the same process, started afresh
+    (line,) = [line for line in out.stderr.splitlines() if line.startswith("CRITICAL")]
+    assert "1 worker process(es) killed" in line and "restarting in place as a standby" in line
