@@ -6,7 +6,8 @@ A main operator (`--watch-label-selector '!sharding.fluxcd.io/key'`) and two sha
 (`sharding.fluxcd.io/key=shard1|shard2`), each leading on its own Lease, on one scratch local platform
 with the process executor. N Stacks of one small YAML Program are created at once, labelled
 round-robin shard1, shard2 and (every tenth) none, for the main operator. Reported: time until all
-are Ready; per operator the Stacks it holds (by finalizer) and ran (by its log), which must be exactly
+are Ready; per operator the Stacks it holds (by finalizer) and ran (by its state directory: every
+operator logs every Stack's wake-ups, only the one that runs it keeps its state), which must be exactly
 its label's, none by two, none by none; engine runs per Stack from the StackUpdateDetected Events
 (must be exactly 1); per operator its CPU, its process tree's CPU (workers and pulumi CLIs included,
 from a cpuacct cgroup of its own: cgroups v1, root) and its RSS before and after, and from those the
@@ -107,7 +108,6 @@ def main() -> None:
 
         finalizers = {shard: Shard.of(MAIN_SELECTOR if shard is None else f"{SHARD_KEY}={shard}").finalizer
                       for shard in operators}
-        logs = {shard: operator.log.read_text(errors="replace") for shard, operator in operators.items()}
         runs = Counter(event.involved_object.name for event in
                        client.CoreV1Api(bench.api).list_namespaced_event(NAMESPACE).items
                        if event.reason == "StackUpdateDetected")
@@ -117,7 +117,8 @@ def main() -> None:
             owner = owner_of(int(name[1:]))
             held = [shard for shard, finalizer in finalizers.items()
                     if finalizer in (stack["metadata"].get("finalizers") or [])]
-            ran = [shard for shard, log in logs.items() if f"[{NAMESPACE}/{name}]" in log]
+            ran = [shard for shard, operator in operators.items()
+                   if (operator.state_dir / "stacks" / NAMESPACE / name).is_dir()]
             if held != [owner] or ran != [owner]:
                 wrong_holder.append(name)
             by_two += [name] if len(ran) > 1 else []
