@@ -8,7 +8,7 @@ with the process executor. N Stacks of one small YAML Program are created at onc
 round-robin shard1, shard2 and (every tenth) none, for the main operator. Reported: time until all
 are Ready; per operator the Stacks it holds (by finalizer) and ran (by its state directory: every
 operator logs every Stack's wake-ups, only the one that runs it keeps its state), which must be exactly
-its label's, none by two, none by none; engine runs per Stack from the StackUpdateDetected Events
+its label's, none by two, none by none; engine runs per Stack from the backend's update history
 (must be exactly 1); per operator its CPU, its process tree's CPU (workers and pulumi CLIs included,
 from a cpuacct cgroup of its own: cgroups v1, root) and its RSS before and after, and from those the
 per-Stack costs the README's Scaling section extrapolates from.
@@ -17,6 +17,7 @@ per-Stack costs the README's Scaling section extrapolates from.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -44,6 +45,15 @@ def cgroup_of(name: str, pid: int) -> Path:
     return group
 
 
+def remove_cgroup(group: Path) -> None:
+    """Back to the root cgroup with whatever of the tree outlived its operator (a plugin still exiting),
+    then gone."""
+    for member in (group / "cgroup.procs").read_text().split():
+        with contextlib.suppress(ProcessLookupError, OSError):
+            (CGROUPS / "cgroup.procs").write_text(member)
+    group.rmdir()
+
+
 def cpu_seconds(group: Path) -> float:
     return int((group / "cpuacct.usage").read_text()) / 1e9
 
@@ -51,6 +61,13 @@ def cpu_seconds(group: Path) -> float:
 def process_cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def engine_runs(backend: Path) -> Counter:
+    """Updates per stack from the backend's own history (one file per engine run, whatever the operators
+    logged or recorded): the count that must be exactly 1."""
+    return Counter(entry.parent.name for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json")
+                   if json.loads(entry.read_text()).get("kind") == "update")
 
 
 def owner_of(index: int) -> str | None:
@@ -108,9 +125,8 @@ def main() -> None:
 
         finalizers = {shard: Shard.of(MAIN_SELECTOR if shard is None else f"{SHARD_KEY}={shard}").finalizer
                       for shard in operators}
-        runs = Counter(event.involved_object.name for event in
-                       client.CoreV1Api(bench.api).list_namespaced_event(NAMESPACE).items
-                       if event.reason == "StackUpdateDetected")
+        events = client.CoreV1Api(bench.api).list_namespaced_event(NAMESPACE).items
+        runs = engine_runs(bench.scratch / "backends" / "fleet")
         wrong_holder, by_two, by_none = [], [], []
         for stack in fleet:
             name = stack["metadata"]["name"]
@@ -124,6 +140,13 @@ def main() -> None:
             by_two += [name] if len(ran) > 1 else []
             by_none += [name] if not ran else []
         duplicates = sum(count - 1 for count in runs.values() if count > 1)
+        detected = Counter(event.involved_object.name for event in events if event.reason == "StackUpdateDetected")
+        for name in sorted(name for name, count in detected.items() if count != runs[name])[:3]:
+            said = [f"{event.reason}: {event.message}" for event in events if event.involved_object.name == name]
+            print(f"  {name}: {detected[name]} StackUpdateDetected Events for {runs[name]} runs: {said}")
+        for name in sorted(name for name, count in runs.items() if count > 1)[:5]:
+            said = [f"{event.reason}: {event.message}" for event in events if event.involved_object.name == name]
+            print(f"  {name} ran {runs[name]} times; its Events: {said}")
         print(f"{args.stacks} Stacks over the main operator and {len(SHARDS)} shards: all Ready in {all_ready:.1f} s")
         print(f"ownership: {len(wrong_holder)} held or run by the wrong operator, {len(by_two)} by two, "
               f"{len(by_none)} by none (all must be 0); engine runs {sum(runs.values())} for {args.stacks} Stacks, "
@@ -133,24 +156,27 @@ def main() -> None:
                    "engine_runs": sum(runs.values()), "duplicate_runs": duplicates, "operators": {}, "cpus": os.cpu_count()}
         for shard in operators:
             owned = sum(owner_of(index) == shard for index in range(args.stacks))
+            updates = sum(count for name, count in runs.items() if owner_of(int(name[1:])) == shard)
             operator_cpu = cpu_after[shard][0] - cpu_before[shard][0]
             tree_cpu = cpu_after[shard][1] - cpu_before[shard][1]
             grown = rss_after[shard] - rss_before[shard]
             label = shard or "main"
+            per_update = tree_cpu / max(updates, 1)
             print(f"  {label:6s}: {owned:4d} Stacks; operator process {operator_cpu:6.1f} CPU-s, its tree (workers, "
-                  f"pulumi CLIs) {tree_cpu:6.1f} CPU-s = {tree_cpu / owned:.2f} CPU-s per update; RSS "
+                  f"pulumi CLIs) {tree_cpu:6.1f} CPU-s = {per_update:.2f} CPU-s per update ({updates} updates); RSS "
                   f"{rss_before[shard]:.0f} -> {rss_after[shard]:.0f} MB ({1024 * grown / owned:.0f} KB per Stack)")
             figures["operators"][label] = {
                 "stacks": owned, "operator_cpu_s": round(operator_cpu, 2), "tree_cpu_s": round(tree_cpu, 2),
-                "tree_cpu_s_per_update": round(tree_cpu / owned, 3), "rss_before_mb": round(rss_before[shard], 1),
+                "updates": updates, "tree_cpu_s_per_update": round(per_update, 3),
+                "rss_before_mb": round(rss_before[shard], 1),
                 "rss_after_mb": round(rss_after[shard], 1), "rss_kb_per_stack": round(1024 * grown / owned)}
-        for operator in operators.values():
-            operator.stop()
-        for group in groups.values():
-            group.rmdir()
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(figures, indent=1))
+        for operator in operators.values():
+            operator.stop()
+        for group in groups.values():
+            remove_cgroup(group)
 
 
 if __name__ == "__main__":
