@@ -95,7 +95,7 @@ def operator_args(settings: dict[str, Any], provider: k8s.Provider, cluster: Clu
     local_cluster = cluster["mode"] == "local"
     args: OperatorArgs = {"provider": provider, "namespace": settings.get("namespace", "strata-system"),
                           "mode": settings.get("mode", "local" if local_cluster else "in-cluster")}
-    for key in ("image", "args"):
+    for key in ("image", "args", "replicas", "shards"):
         if key in settings:
             args[key] = settings[key]
     if args["mode"] == "local":

@@ -7,6 +7,7 @@ from the `strata_operator.api` package (crds/*.yaml, rbac/*.yaml), never from co
 """
 
 import importlib.resources
+import re
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
@@ -16,6 +17,7 @@ import pulumi
 import pulumi.dynamic
 import pulumi_kubernetes as k8s
 import yaml
+from strata_operator.api.sharding import MAIN_SELECTOR, SHARD_KEY
 from typing_extensions import NotRequired
 
 from .cluster import plan_change
@@ -94,6 +96,11 @@ class OperatorArgs(TypedDict):
     """The pod executor: node labels every workspace pod requires (e.g. a pool for updates)."""
     workspace_tolerations: NotRequired[Sequence[Mapping[str, str]]]
     """The pod executor: taints every workspace pod tolerates."""
+    shards: NotRequired[Sequence[str]]
+    """In-cluster mode: shard names (e.g. ["shard1", "shard2"]), Flux's sharding convention. Each shard is
+    a Deployment `strata-operator-<shard>` of its own (same image, flags, replicas and leader election,
+    a Lease of its own) owning the objects labelled `sharding.fluxcd.io/key: <shard>`; the main
+    Deployment then owns only the unlabelled ones. Default: none, one operator owns every object."""
 
 
 def load_packaged_manifests(directory: str) -> list[dict[str, Any]]:
@@ -195,31 +202,70 @@ def build_executor_flags(args: OperatorArgs) -> list[str]:
             *(f"--workspace-toleration={t}" for t in tolerations)]
 
 
+SHARD_POD_NAME = f"{PROCESS_NAME}-shard"  # shard pods' app.kubernetes.io/name: the main selector must not match them
+SHARD_LABEL = "strata.dev/shard"
+
+
+def check_shard_names(shards: Sequence[str]) -> list[str]:
+    """The shard names, each usable in a Deployment's name and as a label value; ValueError says which is not."""
+    names = list(shards)
+    longest = 63 - len(PROCESS_NAME) - len("-metrics") - 1
+    for shard in names:
+        if not isinstance(shard, str) or not re.fullmatch(rf"[a-z0-9]([-a-z0-9]{{0,{longest - 2}}}[a-z0-9])?", shard):
+            raise ValueError(f"operator: shard {shard!r} in `shards` is not a name: use lower-case letters, digits "
+                             f"and '-', at most {longest} characters (e.g. shard1)")
+    duplicates = sorted({shard for shard in names if names.count(shard) > 1})
+    if duplicates:
+        raise ValueError(f"operator: `shards` names {', '.join(duplicates)} twice; each shard once")
+    return names
+
+
+def build_shard_flags(shard: str | None) -> list[str]:
+    """--watch-label-selector of the main operator (shard None) or of one shard, so that every object has
+    exactly one owner: the main one takes the unlabelled objects, a shard its own label value."""
+    return [f"--watch-label-selector={MAIN_SELECTOR}" if shard is None else f"--watch-label-selector={SHARD_KEY}={shard}"]
+
+
+def shard_identity(shard: str | None) -> tuple[str, dict[str, str]]:
+    """The Deployment's name and its pods' labels: the main operator's as they always were, a shard's its own."""
+    if shard is None:
+        return PROCESS_NAME, dict(LABELS)
+    return f"{PROCESS_NAME}-{shard}", {**LABELS, "app.kubernetes.io/name": SHARD_POD_NAME, SHARD_LABEL: shard}
+
+
+def pod_selector(pod_labels: Mapping[str, str]) -> dict[str, str]:
+    """What a Deployment and its metrics Service select: the name, and the shard if it is one."""
+    return {key: value for key, value in pod_labels.items() if key in ("app.kubernetes.io/name", SHARD_LABEL)}
+
+
 def build_operator_deployment(namespace: str, service_account: str, image: str, *,
                               metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
                               resources: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
                               args: Sequence[str] = (), image_pull_policy: str = "IfNotPresent",
                               replicas: int = 1, node_selector: Mapping[str, str] | None = None,
                               tolerations: Sequence[Mapping[str, str]] = (),
-                              flux_events_address: str = "") -> dict[str, Any]:
+                              flux_events_address: str = "", shard: str | None = None) -> dict[str, Any]:
     """The in-cluster operator: `replicas` pods of which the Lease holder alone handles Stacks (a standby
-    answers /healthz too, so probes neither restart it nor hold back a rollout), hardened pod."""
+    answers /healthz too, so probes neither restart it nor hold back a rollout), hardened pod. With
+    `shard`, that shard's Deployment: its own name and pod labels, which the main one's selector (immutable
+    once created) does not match."""
     if not image:
         raise ValueError("operator: `image` is required in in-cluster mode (e.g. ghcr.io/acme/strata-operator:0.1.0)")
     if replicas < 1:
         raise ValueError(f"operator: `replicas` must be at least 1, not {replicas}")
     probe = {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 10}
+    name, pod_labels = shard_identity(shard)
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": PROCESS_NAME, "namespace": namespace, "labels": LABELS},
+        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels},
         "spec": {
             "replicas": replicas,
             # Leader election keeps one replica active; Recreate stops the old pods (which release
             # the Lease) before new ones start, so a rollout hands the Lease over once.
             "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": {"app.kubernetes.io/name": LABELS["app.kubernetes.io/name"]}},
+            "selector": {"matchLabels": pod_selector(pod_labels)},
             "template": {
-                "metadata": {"labels": LABELS},
+                "metadata": {"labels": pod_labels},
                 "spec": {
                     "serviceAccountName": service_account,
                     **({"nodeSelector": dict(node_selector)} if node_selector else {}),
@@ -249,11 +295,13 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
     }
 
 
-def build_operator_metrics_service(namespace: str, metrics_port: int = DEFAULT_METRICS_PORT) -> dict[str, Any]:
+def build_operator_metrics_service(namespace: str, metrics_port: int = DEFAULT_METRICS_PORT,
+                                   shard: str | None = None) -> dict[str, Any]:
+    name, pod_labels = shard_identity(shard)
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": f"{PROCESS_NAME}-metrics", "namespace": namespace, "labels": LABELS},
-        "spec": {"selector": {"app.kubernetes.io/name": LABELS["app.kubernetes.io/name"]},
+        "metadata": {"name": f"{name}-metrics", "namespace": namespace, "labels": pod_labels},
+        "spec": {"selector": pod_selector(pod_labels),
                  "ports": [{"name": "metrics", "port": metrics_port, "targetPort": "metrics"}]},
     }
 
@@ -264,21 +312,30 @@ def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str,
     service_account = args.get("service_account", "strata-operator")
     objects = [*build_operator_identity(namespace, service_account),
                *build_operator_rbac(namespace, service_account, packaged_rbac, args.get("executor", "process"))]
+    shards = check_shard_names(args.get("shards", ()))
     if args["mode"] == "local":
+        if shards:
+            raise ValueError("operator: `shards` need in-cluster mode (a Deployment per shard); the local platform "
+                             "runs one operator process, which owns every object")
         return [*objects, build_token_secret(namespace, service_account, f"{service_account}-token", LABELS)]
     if args["mode"] != "in-cluster":
         raise ValueError(f"operator mode {args['mode']!r} is not supported; use in-cluster or local")
     metrics_port = args.get("metrics_port", DEFAULT_METRICS_PORT)
-    return [*objects,
+    operators: list[dict[str, Any]] = []
+    # Without shards the main operator owns every object, with no selector: exactly as before shards existed.
+    for shard in [None, *shards]:
+        selector = build_shard_flags(shard) if shards else []
+        operators += [
             build_operator_deployment(namespace, service_account, args.get("image", ""), metrics_port=metrics_port,
                                       health_port=args.get("health_port", DEFAULT_HEALTH_PORT),
                                       resources=args.get("resources"), env=args.get("env"),
-                                      args=[*build_executor_flags(args), *args.get("args", ())],
+                                      args=[*build_executor_flags(args), *selector, *args.get("args", ())],
                                       image_pull_policy=args.get("image_pull_policy", "IfNotPresent"),
                                       replicas=args.get("replicas", 1), node_selector=args.get("node_selector"),
                                       tolerations=args.get("tolerations", ()),
-                                      flux_events_address=args.get("flux_events_address", "")),
-            build_operator_metrics_service(namespace, metrics_port)]
+                                      flux_events_address=args.get("flux_events_address", ""), shard=shard),
+            build_operator_metrics_service(namespace, metrics_port, shard)]
+    return [*objects, *operators]
 
 
 # -- local mode: the operator as a supervised host process ---------------------------------------

@@ -4,7 +4,8 @@ Manifests written for the Pulumi Kubernetes Operator (v1 and v2) apply unchanged
 out by concern, each sub-package a room whose `__init__` says what lives there:
 
   api/          the APIs and their pure meaning: Stack, Program, PKO v2 Workspace and Update parsed and
-                validated naming the field, status builders; the CRDs and RBAC as YAML beside them
+                validated naming the field, status builders, label selectors and shards; the CRDs and RBAC as
+                YAML beside them
   decisions/    what to do, pure and unit-tested: planning, backoff, approval, rollout, outputs digests,
                 leader election's rules
   sources/      where a program comes from (git, Flux, Program objects, archives) and the values a

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .api.sharding import MAIN_SELECTOR, SHARD_KEY, Shard
 from .api.stack import MIN_RESYNC_SECONDS
 from .decisions.lease import DEFAULT_LEASE_NAME
 from .decisions.planning import DEFAULT_STALL_AFTER_FAILURES
@@ -76,12 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-leader-election", action="store_true",
                    help="handle Stacks without holding the leader Lease (for a single replica or tests; two "
                         "operators without it both run updates of the same Stacks)")
-    p.add_argument("--leader-election-lease", default=DEFAULT_LEASE_NAME, metavar="NAME",
-                   help="coordination.k8s.io Lease the operator replicas elect their one leader on "
-                        f"(default: {DEFAULT_LEASE_NAME})")
+    p.add_argument("--leader-election-lease", metavar="NAME",
+                   help="coordination.k8s.io Lease the operator replicas elect their one leader on (default: "
+                        f"{DEFAULT_LEASE_NAME}; a shard's: {DEFAULT_LEASE_NAME}-shard-<hash of its selector>)")
     p.add_argument("--leader-election-namespace", default="", metavar="NAMESPACE",
                    help="namespace of that Lease (default: the pod's own, else the kubeconfig context's, "
                         "else strata-system)")
+    p.add_argument("--watch-label-selector", default=os.environ.get("STRATA_WATCH_LABEL_SELECTOR", ""),
+                   metavar="SELECTOR",
+                   help="handle only the Stacks, Programs, Workspaces and Updates whose labels match (Flux's "
+                        f"sharding: the main operator '{MAIN_SELECTOR}', each shard '{SHARD_KEY}=<shard>'); "
+                        "default: all")
     p.add_argument("--flux-events-address", default=os.environ.get("STRATA_FLUX_EVENTS_ADDRESS", ""), metavar="URL",
                    help="also send every Stack Event, in Flux's event format, to Flux's notification-controller "
                         "event server at this URL (e.g. http://notification-controller.flux-system.svc.cluster."
@@ -175,6 +181,10 @@ def run(argv: Sequence[str] | None = None) -> int:
                          "/srv/pulumi/plugins), so that `PULUMI_HOME=/srv/pulumi pulumi plugin install ...` fills it")
     workspace = workspace_settings(args)
     try:
+        shard = Shard.of(args.watch_label_selector)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    try:
         flux_events_address = check_address(args.flux_events_address)
     except ValueError as err:
         raise SystemExit(str(err)) from None
@@ -182,7 +192,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         # Kopf's own login reads KUBECONFIG too; keep one source of truth.
         os.environ["KUBECONFIG"] = args.kubeconfig
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
-    election = ElectionSettings(enabled=not args.no_leader_election, lease_name=args.leader_election_lease,
+    election = ElectionSettings(enabled=not args.no_leader_election,
+                                lease_name=args.leader_election_lease or shard.lease_name(DEFAULT_LEASE_NAME),
                                 namespace=args.leader_election_namespace, kubeconfig=args.kubeconfig,
                                 health_endpoint=liveness, restart_in_place=True)
     check_settings(election)
@@ -208,7 +219,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
         allow_operator_refs=args.operator_refs,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
-        workspace=workspace)
+        workspace=workspace, shard=shard)
     start_trimming()  # the free heap a burst of Stacks leaves goes back to the system
     try:
         kopf.run(

@@ -8,6 +8,9 @@ import dataclasses
 from datetime import datetime, timezone
 from typing import Any
 
+import kopf
+
+from ..api.sharding import Shard
 from ..api.stack import MIN_RESYNC_SECONDS
 from ..decisions.approval import APPROVE_ANNOTATION
 from ..decisions.planning import DEFAULT_STALL_AFTER_FAILURES, Requests
@@ -36,6 +39,7 @@ class OperatorSettings:
     kubeconfig: str | None = None
     flux_events_address: str = ""  # Flux notification-controller event server; "" is off
     workspace: WorkspaceSettings | None = None  # the pod executor's settings; None: the process executor
+    shard: Shard = dataclasses.field(default_factory=Shard)  # the objects this operator owns (all by default)
 
 
 @dataclasses.dataclass
@@ -90,6 +94,19 @@ class Context:
     # Every Stack's daemon starts a pass as soon as the Stack exists: unbounded, 1000 new Stacks are 1000
     # passes holding their spec, refs, Program and request for as long as the engine's queue takes.
     passes: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(passes_in_flight(1)))
+
+
+def in_shard(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> bool:
+    """Kopf's `when=` filter of the handlers that act on an object (run its updates, hold its finalizer,
+    write its status): is it this operator's, by its shard's label selector? Handlers that only wake
+    this operator's Stacks (a prerequisite in another shard changed) stay unfiltered."""
+    settings: OperatorSettings | None = memo.get("operator_settings")
+    return settings is None or settings.shard.owns(labels)
+
+
+def owned(ctx: "Context", body: Any) -> bool:
+    """The same question inside a handler that sees every object."""
+    return ctx.settings.shard.owns((body.get("metadata") or {}).get("labels"))
 
 
 def utc_now() -> datetime:

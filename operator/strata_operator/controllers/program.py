@@ -10,15 +10,15 @@ import kopf
 from ..api import GROUP, VERSION
 from ..api import status as st
 from ..api.program import program_status
-from .context import Context, utc_now
+from .context import Context, owned, utc_now
 
 
 @kopf.on.event(GROUP, VERSION, "programs")
 async def program_changed(namespace: str, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo,
                           **_: Any) -> None:
     ctx: Context = memo.ctx
-    ctx.registry.wake_where(namespace, lambda w: w.program == name)
-    if type == "DELETED":
+    ctx.registry.wake_where(namespace, lambda w: w.program == name)  # our Stacks may run another shard's Program
+    if type == "DELETED" or not owned(ctx, body):
         return
     previous = dict(body.get("status") or {})
     status = program_status(dict(body), previous, st.rfc3339(utc_now()))

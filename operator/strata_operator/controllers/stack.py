@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from ..api import FINALIZER, GROUP, VERSION
+from ..api import GROUP, VERSION
 from ..api import status as st
 from ..api.stack import (WATCHED_FLUX_KINDS, StackSpec, local_source_issue, misplaced_file_backend,
                          not_applicable_fields, operator_ref_issues, parse_stack_spec, unused_sources)
@@ -35,7 +35,7 @@ from ..services.redaction import redact
 from ..sources.archive import SourceError
 from ..sources.flux import SourceNotReady
 from ..sources.references import RefError, Resolved, resolve_stack
-from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, intent, stack_key, utc_now
+from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, stack_key, utc_now
 from .stack_rollout import gate_on_rollout
 from .stack_session import (StackSession, materialise_program, recover_interrupted, source_revision, stack_state_dir,
                             update_request, wait_for_reference)
@@ -172,7 +172,7 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 # --- Kopf wiring ------------------------------------------------------------------------------
 
 
-@kopf.daemon(GROUP, VERSION, "stacks", cancellation_timeout=10.0, initial_delay=0)
+@kopf.daemon(GROUP, VERSION, "stacks", cancellation_timeout=10.0, initial_delay=0, when=in_shard)
 async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, logger: Any,
                        stopped: kopf.DaemonStopped, **_: Any) -> None:
     ctx: Context = memo.ctx
@@ -232,7 +232,7 @@ async def _destroy_project(session: StackSession, spec: StackSpec, resolved: Res
         project = stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful"
         if not project.is_dir():
             message = (f"cannot destroy: the source is unavailable ({err}) and no successful update left a "
-                       f"copy of the program; restore the source, or remove the finalizer {FINALIZER} to "
+                       f"copy of the program; restore the source, or remove the finalizer {session.ctx.settings.shard.finalizer} to "
                        "abandon the stack's resources")
             await session.stall(st.STALLED_DESTROY_BLOCKED, message, st.EVENT_UPDATE_FAILURE)
             raise kopf.TemporaryError(redact(message), delay=60) from None
@@ -240,7 +240,7 @@ async def _destroy_project(session: StackSession, spec: StackSpec, resolved: Res
         return project
 
 
-@kopf.on.delete(GROUP, VERSION, "stacks")
+@kopf.on.delete(GROUP, VERSION, "stacks", when=in_shard)
 async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, logger: Any,
                          retry: int, **_: Any) -> None:
     """Destroy then `stack rm` with destroyOnFinalize; never destroy without it. Never stuck silently."""

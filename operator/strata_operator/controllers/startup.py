@@ -1,5 +1,5 @@
-"""The operator's start and stop, before and after any controller runs: Kopf's settings (PKO's finalizer,
-our own Events only), the engine of the executor chosen, metrics, and the Flux event sink; the probe
+"""The operator's start and stop, before and after any controller runs: Kopf's settings (PKO's finalizer or
+its shard's, our own Events only), the engine of the executor chosen, metrics, and the Flux event sink; the probe
 that says the engine is ready."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import kopf
 # Raised out of kopf.run once a startup handler failed for good (Kopf does not export it).
 from kopf._core.engines.activities import ActivityError as StartupFailed
 
-from ..api import FINALIZER
 from ..decisions.backoff import ApiRetryDelays
 from ..engine.pod.executor import PodEngine
 from ..engine.port import Engine, EngineUnavailable
@@ -37,9 +36,10 @@ def describe_startup_failure(err: StartupFailed) -> str:
 @kopf.on.startup(errors=kopf.ErrorsMode.PERMANENT)
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: Any, **_: Any) -> None:
     options: OperatorSettings = memo.get("operator_settings") or OperatorSettings()
-    settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="strata.pulumi.com")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="strata.pulumi.com")
+    shard = options.shard  # the main operator keeps PKO's finalizer; a shard has names of its own
+    settings.persistence.finalizer = shard.finalizer
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=shard.annotations_prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=shard.annotations_prefix)
     settings.posting.level = 100  # only our explicit, redacted Events; never Kopf's log lines
     settings.watching.server_timeout = 270
     settings.networking.error_backoffs = ApiRetryDelays()  # ride out a sick API server, and come back spread
@@ -70,8 +70,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         logger.info("Stack Events also go to Flux's notification-controller at %s", options.flux_events_address)
     executor = (f"pod executor (a workspace pod per Stack, image {options.workspace.image})"
                 if options.workspace is not None else "process executor")
-    logger.info("strata operator started: %s, concurrency %d, state in %s", executor, options.engine.concurrency,
-                options.engine.state_dir)
+    logger.info("strata operator started: %s, concurrency %d, state in %s; owns %s", executor,
+                options.engine.concurrency, options.engine.state_dir, options.shard.describe())
 
 
 @kopf.on.cleanup()

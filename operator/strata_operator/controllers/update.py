@@ -38,7 +38,7 @@ from ..sources.references import RefError
 from ..sources.workspace_program import resolve_env, stack_config
 from .auto_state import (AutoState, Program, auto_event, materialised_program, patch_auto_status, state_of,
                          workspace_dir, workspace_key, workspace_request)
-from .context import utc_now
+from .context import owned, utc_now
 
 LOG = logging.getLogger(__name__)
 # What PKO's events say, per operation: (past tense for success, verb for failure).
@@ -288,8 +288,9 @@ async def _write_outputs(ctx: Any, body: Any, result: UpdateResult) -> str | Non
 async def update_event(type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     ctx, state = memo.ctx, state_of(memo)
     key = (namespace, name)
-    if type == "DELETED":
-        # PKO: a deleted Update is cancelled; its run (if any) is interrupted, nothing is written.
+    if type == "DELETED" or not owned(ctx, body):
+        # PKO: a deleted Update is cancelled; its run (if any) is interrupted, nothing is written. One
+        # relabelled into another shard is that shard's from now on.
         run = state.runs.pop(key, None)
         if run is not None and not run.done():
             run.cancel()

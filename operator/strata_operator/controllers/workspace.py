@@ -31,7 +31,7 @@ from ..sources.references import RefError
 from ..sources.workspace_program import git_credentials, materialise, resolve_env, stack_config
 from .auto_state import (MARKER, RETRY_SECONDS, AutoState, ObjectLoop, Program, auto_event, materialised_program,
                          patch_auto_status, state_of, workspace_dir, workspace_key, workspace_request)
-from .context import utc_now
+from .context import owned, utc_now
 from .update import wake_waiting
 
 
@@ -184,7 +184,7 @@ async def workspace_event(type: str | None, body: kopf.Body, namespace: str, nam
                           **_: Any) -> None:
     ctx, state = memo.ctx, state_of(memo)
     key = (namespace, name)
-    if type == "DELETED":
+    if type == "DELETED" or not owned(ctx, body):  # gone, or another shard's now: let it go
         loop = state.workspaces.pop(key, None)
         if loop is not None and loop.task is not None:
             loop.task.cancel()

@@ -36,6 +36,9 @@ def test_existing_cluster_runs_the_operator_in_cluster_and_flux_from_github():
     assert (air_gapped["registry"], air_gapped["image_pull_secret"]) == ("10.88.0.1:5000/fluxcd", "regcred")
     operator = operator_args({"image": "ghcr.io/acme/op:1"}, PROVIDER, cluster, server="s", command=["x"])
     assert operator["mode"] == "in-cluster" and operator["image"] == "ghcr.io/acme/op:1" and "local" not in operator
+    scaled = operator_args({"image": "i", "replicas": 2, "shards": ["shard1", "shard2"]}, PROVIDER, cluster,
+                           server="s", command=["x"])
+    assert (scaled["replicas"], scaled["shards"]) == (2, ["shard1", "shard2"])
 
 
 def test_platform_stack_follows_a_configured_repo_or_pins_the_published_commit():

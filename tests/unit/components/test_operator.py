@@ -9,6 +9,7 @@ from strata_mocks import FAKE_CA, fake_token
 
 from strata_components.operator import (Operator, build_executor_flags, build_local_ports, build_operator_deployment,
                                         build_operator_objects, build_operator_rbac, load_packaged_manifests)
+from strata_operator.api.label_selector import parse_label_selector
 
 READ = {"get", "list", "watch"}
 
@@ -160,6 +161,54 @@ def test_objects_per_mode():
     assert local == ["Namespace", "ServiceAccount", *rbac, "Secret"]
     with pytest.raises(ValueError, match="in-cluster or local"):
         build_operator_objects({"provider": None, "mode": "docker"}, packaged)
+
+
+def test_shards_are_deployments_of_their_own_splitting_every_object_between_them():
+    objects = build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i", "replicas": 2,
+                                      "shards": ["shard1", "shard2"], "args": ["--concurrency=20"]},
+                                     load_packaged_manifests("rbac"))
+    deployments = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Deployment"}
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    assert sorted(deployments) == ["strata-operator", "strata-operator-shard1", "strata-operator-shard2"]
+    assert sorted(services) == [f"{name}-metrics" for name in sorted(deployments)]
+    selectors = {}
+    for name, deployment in deployments.items():
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert "--concurrency=20" in container["args"] and deployment["spec"]["replicas"] == 2
+        (flag,) = [arg for arg in container["args"] if arg.startswith("--watch-label-selector=")]
+        selectors[name] = parse_label_selector(flag.partition("=")[2])
+        # Each Deployment selects its own pods only, and its metrics Service the same pods.
+        match = deployment["spec"]["selector"]["matchLabels"]
+        assert services[f"{name}-metrics"]["spec"]["selector"] == match
+        for other in deployments.values():
+            pod_labels = other["spec"]["template"]["metadata"]["labels"]
+            assert (match.items() <= pod_labels.items()) is (other is deployment)
+    # The main operator's Deployment keeps the selector it always had (immutable once created).
+    assert deployments["strata-operator"]["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "strata-operator"}
+    for labels in ({}, {"sharding.fluxcd.io/key": "shard1"}, {"sharding.fluxcd.io/key": "shard2"}):
+        assert sum(selector.matches(labels) for selector in selectors.values()) == 1
+    # Without shards: one operator, no selector, as before.
+    (single,) = [o for o in build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i"},
+                                                   load_packaged_manifests("rbac")) if o["kind"] == "Deployment"]
+    assert not [a for a in single["spec"]["template"]["spec"]["containers"][0]["args"] if "label-selector" in a]
+
+
+@pytest.mark.parametrize("shards, message", [
+    (["Shard1"], "shard 'Shard1' in `shards` is not a name"),
+    (["a" * 40], "at most 39 characters"),
+    (["one", "one"], "`shards` names one twice"),
+])
+def test_bad_shard_names_are_refused_naming_the_field(shards, message):
+    with pytest.raises(ValueError, match=message):
+        build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i", "shards": shards},
+                               load_packaged_manifests("rbac"))
+
+
+def test_shards_need_in_cluster_mode():
+    with pytest.raises(ValueError, match="`shards` need in-cluster mode"):
+        build_operator_objects({"provider": None, "mode": "local", "shards": ["shard1"]},
+                               load_packaged_manifests("rbac"))
 
 
 def test_in_cluster_operator_graph(harness):

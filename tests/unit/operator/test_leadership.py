@@ -384,7 +384,8 @@ def test_lease_namespace_comes_from_the_pod_then_the_kubeconfig_then_the_default
 
 def test_flags():
     args = build_parser().parse_args([])
-    assert not args.no_leader_election and args.leader_election_lease == "strata-operator-leader"
+    # No --leader-election-lease: the shard's own Lease (strata-operator-leader for the main operator).
+    assert not args.no_leader_election and args.leader_election_lease is None
     assert args.leader_election_namespace == ""
     args = build_parser().parse_args(["--no-leader-election", "--leader-election-lease", "x",
                                       "--leader-election-namespace", "ops"])

@@ -23,3 +23,8 @@ def test_the_plugin_cache_defaults_to_the_operators_own_and_must_be_a_plugins_di
     assert build_parser().parse_args([]).plugin_cache == tmp_path / "home" / "plugins"
     with pytest.raises(SystemExit, match=r"--plugin-cache .*/cache: name the plugins directory of a PULUMI_HOME"):
         run(["--plugin-cache", str(tmp_path / "cache")])
+
+
+def test_a_bad_watch_label_selector_stops_the_operator_before_it_starts_naming_the_flag():
+    with pytest.raises(SystemExit, match=r"--watch-label-selector 'team=a=b': 'team=a=b' is not a label requirement"):
+        run(["--watch-label-selector", "team=a=b"])
