@@ -26,7 +26,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from harness import GROUP, NAMESPACE, VERSION, is_ready, platform_with_operator, rss_tree_mb, stash_program
+from harness import (GROUP, NAMESPACE, VERSION, cpu_seconds, engine_runs, is_ready, platform_with_operator,
+                     rss_tree_mb, stash_program)
 from strata_components.local.operator_host import operator_host
 from strata_components.local.processes import descendants
 from strata_components.local.toolchain import installed
@@ -54,20 +55,8 @@ def remove_cgroup(group: Path) -> None:
     group.rmdir()
 
 
-def cpu_seconds(group: Path) -> float:
+def cgroup_cpu_seconds(group: Path) -> float:
     return int((group / "cpuacct.usage").read_text()) / 1e9
-
-
-def process_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def engine_runs(backend: Path) -> Counter:
-    """Updates per stack from the backend's own history (one file per engine run, whatever the operators
-    logged or recorded): the count that must be exactly 1."""
-    return Counter(entry.parent.name for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json")
-                   if json.loads(entry.read_text()).get("kind") == "update")
 
 
 def owner_of(index: int) -> str | None:
@@ -93,7 +82,7 @@ def main() -> None:
         groups = {shard: cgroup_of(shard or "main", pid) for shard, pid in pids.items()}
         time.sleep(3)  # every operator has listed the (empty) fleet and settled
         rss_before = {shard: rss_tree_mb(pid)[0] for shard, pid in pids.items()}
-        cpu_before = {shard: (process_cpu_seconds(pid), cpu_seconds(groups[shard])) for shard, pid in pids.items()}
+        cpu_before = {shard: (cpu_seconds(pid), cgroup_cpu_seconds(groups[shard])) for shard, pid in pids.items()}
 
         bench.create_program("fleet", stash_program(args.resources))
         started = time.monotonic()
@@ -121,7 +110,7 @@ def main() -> None:
         all_ready = time.monotonic() - started
         time.sleep(3)  # the last status writes and Events
         rss_after = {shard: rss_tree_mb(pid)[0] for shard, pid in pids.items()}
-        cpu_after = {shard: (process_cpu_seconds(pid), cpu_seconds(groups[shard])) for shard, pid in pids.items()}
+        cpu_after = {shard: (cpu_seconds(pid), cgroup_cpu_seconds(groups[shard])) for shard, pid in pids.items()}
 
         finalizers = {shard: Shard.of(MAIN_SELECTOR if shard is None else f"{SHARD_KEY}={shard}").finalizer
                       for shard in operators}
