@@ -5,13 +5,14 @@ platform per host. Images reach the nodes as users ship them: pushed to the regi
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 
-from strata_components.local import realnode
+from strata_components.local import objectstore, processes, realnode
 from strata_components.local.images import build_operator_image, user_pulumi_install
 from strata_components.local.operator_host import operator_host
 from strata_components.local.platform import LocalPlatform, PlatformConfig
@@ -67,3 +68,28 @@ def pod_operator(platform, toolchain, kube_client, python_image, tmp_path_factor
     finally:
         host.stop()
         client.CoreV1Api(kube_client).delete_namespace(namespace)
+
+
+def object_store_env_refs(core: client.CoreV1Api, platform: LocalPlatform, namespace: str) -> dict:
+    """A Secret `object-store` in `namespace` with the platform's object-store credentials and a new
+    passphrase; the Stack `envRefs` that pass them to its updates."""
+    access_key, secret_key = objectstore.read_credentials(platform.object_store_credentials)
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "object-store"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key,
+        "PULUMI_CONFIG_PASSPHRASE": uuid.uuid4().hex}})
+    return {key: {"type": "Secret", "secret": {"name": "object-store", "key": key}}
+            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PULUMI_CONFIG_PASSPHRASE")}
+
+
+def wait_stack_ready(custom: client.CustomObjectsApi, namespace: str, name: str, timeout: float, what: str) -> dict:
+    """The Stack once Ready; else fails with its status."""
+    def ready():
+        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", name)
+        conditions = (stack.get("status") or {}).get("conditions") or []
+        return stack if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+
+    try:
+        return processes.wait_until(ready, timeout, what, interval=1)
+    except processes.ProcessError:
+        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", name)
+        raise AssertionError(json.dumps(stack.get("status"), indent=1)) from None

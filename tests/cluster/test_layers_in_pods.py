@@ -5,14 +5,12 @@ them. A pod from it lists them; a Python program with the kubernetes provider ru
 from __future__ import annotations
 
 import json
-import uuid
 
 from kubernetes import client
 
-from strata_components.local import objectstore, processes
 from strata_components.local.preflight import PLUGINS
 
-from .conftest import on_node, wait_phase
+from .conftest import object_store_env_refs, on_node, wait_phase, wait_stack_ready
 
 # As a workspace pod runs: user 65532, a read-only root, nothing writable but /tmp.
 LIST_INSTALL = """set -e
@@ -56,10 +54,7 @@ def test_a_python_program_with_the_kubernetes_provider_runs_in_a_workspace_pod(p
     """Its state in the object store; its identity a ServiceAccount that may write ConfigMaps in its namespace."""
     namespace = pod_operator
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
-    access_key, secret_key = objectstore.read_credentials(platform.object_store_credentials)
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "object-store"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key,
-        "PULUMI_CONFIG_PASSPHRASE": uuid.uuid4().hex}})
+    env_refs = object_store_env_refs(core, platform, namespace)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "deployer"}})
     rbac = client.RbacAuthorizationV1Api(kube_client)
     rbac.create_namespaced_role(namespace, {"metadata": {"name": "configmaps"}, "rules": [{
@@ -72,8 +67,6 @@ def test_a_python_program_with_the_kubernetes_provider_runs_in_a_workspace_pod(p
     # No requirements: the image's own environment (/opt/strata, first python3 on PATH) has the SDKs.
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "program"}, "data": {
         "Pulumi.yaml": "name: python-in-a-pod\nruntime: python\n", "__main__.py": PROGRAM}})
-    env_refs = {key: {"type": "Secret", "secret": {"name": "object-store", "key": key}}
-                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PULUMI_CONFIG_PASSPHRASE")}
     custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
         "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"},
         "spec": {"stack": f"python-{namespace}", "backend": platform.s3_backend_url(), "envRefs": env_refs,
@@ -83,16 +76,7 @@ def test_a_python_program_with_the_kubernetes_provider_runs_in_a_workspace_pod(p
                                                                          "mountPath": "/program"}]}],
                      "volumes": [{"name": "program", "configMap": {"name": "program"}}]}}}}}})
 
-    def ready():
-        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")
-        conditions = (stack.get("status") or {}).get("conditions") or []
-        return stack if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
-
-    try:
-        stack = processes.wait_until(ready, 420, "the Python Stack Ready", interval=1)
-    except processes.ProcessError:
-        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")
-        raise AssertionError(json.dumps(stack.get("status"), indent=1)) from None
+    stack = wait_stack_ready(custom, namespace, "app", 420, "the Python Stack Ready")
     made = stack["status"]["outputs"]["configmap"]
     assert core.read_namespaced_config_map(made, namespace).data == {"from": "a python program in a workspace pod"}
     assert core.read_namespaced_pod("app-workspace", namespace).spec.node_name.startswith("real-")

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from strata_components.local import objectstore, processes, realnode
+from strata_components.local import objectstore, realnode
+
+from .conftest import object_store_env_refs, wait_stack_ready
 
 PROJECT = "name: {name}\nruntime: yaml\nresources:\n  note:\n    type: pulumi:index:Stash\n    properties:\n" \
           "      input: {where}\noutputs:\n  where: ${{note.input}}\n"
@@ -83,31 +85,17 @@ def test_a_stack_with_an_s3_backend_runs_from_a_workspace_pod(platform, kube_cli
     stacks = platform.state / "objectstore" / "data" / objectstore.DEFAULT_BUCKET / ".pulumi" / "stacks"
     before = set(stacks.rglob("dev.json"))  # MinIO keeps each object as a directory of that name
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
-    access_key, secret_key = objectstore.read_credentials(platform.object_store_credentials)
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "object-store"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key,
-        "PULUMI_CONFIG_PASSPHRASE": uuid.uuid4().hex}})
+    env_refs = object_store_env_refs(core, platform, namespace)
     custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
         "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "app"},
         "program": {"resources": {"note": {"type": "pulumi:index:Stash", "properties": {"input": "pod"}}},
                     "outputs": {"where": "${note.input}"}}})
-    env_refs = {key: {"type": "Secret", "secret": {"name": "object-store", "key": key}}
-                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PULUMI_CONFIG_PASSPHRASE")}
     custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
         "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "app"},
         "spec": {"stack": "dev", "programRef": {"name": "app"}, "backend": platform.s3_backend_url(),
                  "envRefs": env_refs}})
 
-    def ready():
-        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")
-        conditions = (stack.get("status") or {}).get("conditions") or []
-        return stack if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
-
-    try:
-        stack = processes.wait_until(ready, 300, "the s3-backed Stack Ready", interval=1)
-    except processes.ProcessError:
-        stack = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")
-        raise AssertionError(stack.get("status")) from None
+    stack = wait_stack_ready(custom, namespace, "app", 300, "the s3-backed Stack Ready")
     assert stack["status"]["outputs"]["where"] == "pod"
     pod = core.read_namespaced_pod("app-workspace", namespace)
     assert pod.spec.node_name.startswith("real-")
