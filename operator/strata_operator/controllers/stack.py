@@ -37,9 +37,9 @@ from ..sources.flux import SourceNotReady
 from ..sources.references import RefError, Resolved, resolve_stack
 from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, stack_key, utc_now
 from .stack_rollout import gate_on_rollout
-from .stack_session import (StackSession, materialise_program, recover_interrupted, source_revision, stack_state_dir,
-                            update_request, wait_for_reference)
-from .stack_update import check_drift, gated_update, outputs_secret_problem, run_stack_update
+from .stack_session import (StackSession, materialise_program, source_revision, stack_state_dir, update_request,
+                            wait_for_reference)
+from .stack_update import check_drift, gated_update, outputs_secret_problem, recover_interrupted, run_stack_update
 
 
 async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:

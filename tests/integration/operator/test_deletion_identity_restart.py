@@ -1,4 +1,5 @@
-"""destroyOnFinalize (also with the Program gone), serviceAccountName, and kill -9 of the operator mid-update."""
+"""destroyOnFinalize (also with the Program gone), serviceAccountName, kill -9 of the operator mid-update, and an
+update that finished while its status write was lost."""
 
 import base64
 import json
@@ -6,7 +7,7 @@ from pathlib import Path
 
 from strata_components.local import processes
 
-from .conftest import condition, has_condition, stash_program
+from .conftest import GROUP, VERSION, condition, has_condition, stash_program
 
 
 def _backend_stack(stacks, project: str) -> Path:
@@ -117,3 +118,36 @@ def test_kill_9_mid_update_then_restart_converges(stacks, operator):
     processes.wait_until(lambda: [e for e in stacks.events("big", "StackUpdateFailure") if "interrupted" in e.message],
                          15, "the interrupted update reported")
     assert stacks.runs("big") == 2
+
+
+def _updates_in_history(stacks, project: str) -> list[dict]:
+    """The backend's own record of the stack's updates (one file per engine run), oldest first."""
+    history = Path(stacks.backend.removeprefix("file://")) / ".pulumi" / "history" / project / "dev"
+    entries = [json.loads(path.read_text()) for path in sorted(history.glob("*.history.json"))]
+    return [entry for entry in entries if entry.get("kind") == "update"]
+
+
+def test_an_update_that_finished_while_its_status_write_was_lost_is_recorded_not_run_again(stacks, operator):
+    """What an API-server outage leaves (the update succeeded, its status write failed, the operator lost
+    its Lease): currentUpdate still names the run. The next operator finds that run's update in the
+    backend's history and records it: one engine run, not two."""
+    stacks.program("lost", {"resources": {f"s{i}": {"type": "pulumi:index:Stash", "properties": {"input": i}}
+                                          for i in range(60)}, "outputs": {"last": "${s59.input}"}})
+    stacks.create("lost", stacks.spec(programRef={"name": "lost"}))
+    running = processes.wait_until(lambda: (stacks.get("lost") or {}).get("status", {}).get("currentUpdate"), 60,
+                                   "the update to start", interval=0.05)
+    ready = stacks.wait_ready("lost", 120)
+    assert len(_updates_in_history(stacks, "lost")) == 1
+    operator.kill()
+    stacks.custom.patch_namespaced_custom_object_status(GROUP, VERSION, stacks.namespace, "stacks", "lost", {
+        "status": {"currentUpdate": running, "lastUpdate": None, "outputs": None}})
+
+    operator.start()
+    obj = stacks.wait(
+        "lost", lambda o: has_condition(o, "Ready") and (o["status"].get("lastUpdate") or {}).get("state") == "succeeded",
+        120, "Ready with the lost run recorded")
+    assert obj["status"]["lastUpdate"]["name"] == running["name"] == ready["status"]["lastUpdate"]["name"]
+    assert obj["status"]["outputs"] == {"last": 59} and not obj["status"].get("currentUpdate")
+    assert len(_updates_in_history(stacks, "lost")) == 1, "the finished update ran a second time"
+    assert stacks.runs("lost") == 1
+    assert not [e for e in stacks.events("lost", "StackUpdateFailure") if "interrupted" in e.message]
