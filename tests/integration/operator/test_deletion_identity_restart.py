@@ -1,5 +1,5 @@
-"""destroyOnFinalize (also with the Program gone), serviceAccountName, kill -9 of the operator mid-update, and an
-update that finished while its status write was lost."""
+"""destroyOnFinalize (also with the Program gone), serviceAccountName, kill -9 of the operator mid-update, a stop
+that lets the running update finish, and an update that finished while its status write was lost."""
 
 import base64
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from strata_components.local import processes
 
-from .conftest import GROUP, VERSION, condition, has_condition, stash_program
+from .conftest import GROUP, VERSION, condition, eventually_constant, has_condition, stash_program
 
 
 def _backend_stack(stacks, project: str) -> Path:
@@ -151,3 +151,23 @@ def test_an_update_that_finished_while_its_status_write_was_lost_is_recorded_not
     assert len(_updates_in_history(stacks, "lost")) == 1, "the finished update ran a second time"
     assert stacks.runs("lost") == 1
     assert not [e for e in stacks.events("lost", "StackUpdateFailure") if "interrupted" in e.message]
+
+
+def test_a_stopping_operator_lets_the_running_update_finish_and_its_successor_runs_nothing(stacks, operator):
+    """An upgrade or restart stops the operator with SIGTERM mid-update: the update finishes and is recorded
+    before the process exits, and the next operator has nothing to run (one engine run, as in the backend)."""
+    stacks.program("drained", {"resources": {f"s{i}": {"type": "pulumi:index:Stash", "properties": {"input": i}}
+                                             for i in range(300)}, "outputs": {"last": "${s299.input}"}})
+    stacks.create("drained", stacks.spec(programRef={"name": "drained"}))
+    checkpoint = _backend_stack(stacks, "drained")
+    processes.wait_until(lambda: _stashes_so_far(checkpoint) >= 20, 60, "the update to be part-way", interval=0.1)
+    processes.stop(operator.platform.run_dir, operator.process.name, grace=240)
+    assert _stashes_so_far(checkpoint) == 300, "the update was cut short by the stop"
+    stopped = stacks.get("drained")["status"]
+    assert stopped["lastUpdate"]["state"] == "succeeded" and not stopped.get("currentUpdate")
+
+    operator.start()
+    stacks.wait_ready("drained", 60)
+    eventually_constant(lambda: stacks.runs("drained"), 5)
+    assert stacks.runs("drained") == 1 and len(_updates_in_history(stacks, "drained")) == 1
+    assert not _locks(stacks)
