@@ -6,6 +6,7 @@ same ServiceAccount, so the RBAC it runs under is the RBAC that ships. CRDs and 
 from the `strata_operator.api` package (crds/*.yaml, rbac/*.yaml), never from copies.
 """
 
+import hashlib
 import importlib.resources
 import re
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,9 @@ from typing import Any, TypedDict
 import pulumi
 import pulumi.dynamic
 import pulumi_kubernetes as k8s
+import strata_operator
 import yaml
+from strata_operator.api import SHUTDOWN_DRAIN_SECONDS
 from strata_operator.api.sharding import MAIN_SELECTOR, SHARD_KEY
 from typing_extensions import NotRequired
 
@@ -271,6 +274,8 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                     **({"nodeSelector": dict(node_selector)} if node_selector else {}),
                     **({"tolerations": [dict(t) for t in tolerations]} if tolerations else {}),
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    # Running updates finish before the pod goes (an upgrade never cuts one short).
+                    "terminationGracePeriodSeconds": SHUTDOWN_DRAIN_SECONDS + 30,
                     "containers": [{
                         "name": "operator", "image": image, "imagePullPolicy": image_pull_policy,
                         "command": CONTAINER_COMMAND,
@@ -355,6 +360,16 @@ def _kubeconfig_path(props: dict[str, Any]) -> Path:
     return Path(props["state_dir"]) / "kubeconfigs" / f"{props['name']}.kubeconfig"
 
 
+def operator_code_digest() -> str:
+    """One digest of the operator package's code and manifests as installed here."""
+    root = Path(strata_operator.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".yaml") and path.is_file():
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
     """Starts the operator beside the local platform with only its ServiceAccount's kubeconfig."""
 
@@ -372,7 +387,8 @@ class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
         return {**props, **ports, "health_url": health_url}
 
     def _stop(self, props: dict[str, Any]) -> None:
-        _platform(props).stop_controller(props["name"])
+        # SIGTERM, then as long as the operator may take to let its running updates finish.
+        _platform(props).stop_controller(props["name"], grace=SHUTDOWN_DRAIN_SECONDS + 30)
         _kubeconfig_path(props).unlink(missing_ok=True)
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
@@ -383,7 +399,8 @@ class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
 
         running = running_pid(_platform(olds).run_dir, olds["name"]) is not None
         return plan_change(olds, news, replace_on=("state_dir", "name"),
-                           update_on=("command", "flags", "requested_ports", "env", "kubeconfig"), running=running)
+                           update_on=("command", "flags", "requested_ports", "env", "kubeconfig", "code"),
+                           running=running)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> pulumi.dynamic.UpdateResult:
         self._stop(olds)
@@ -403,7 +420,9 @@ class OperatorProcess(pulumi.dynamic.Resource):
     def __init__(self, name: str, *, state_dir: str, command: Sequence[str], flags: Sequence[str],
                  requested_ports: Mapping[str, int | None], env: Mapping[str, str], kubeconfig: pulumi.Input[str],
                  opts: pulumi.ResourceOptions | None = None):
-        props = {"state_dir": str(Path(state_dir).expanduser()), "name": PROCESS_NAME, "command": list(command),
+        # `code`: a new version of the operator (an upgrade: `git pull && make up`) restarts the process.
+        props = {"state_dir": str(Path(state_dir).expanduser()), "name": PROCESS_NAME, "code": operator_code_digest(),
+                 "command": list(command),
                  "flags": list(flags), "requested_ports": dict(requested_ports), "env": dict(env),
                  "kubeconfig": kubeconfig, "metrics_port": None, "health_port": None, "health_url": None}
         super().__init__(OperatorProcessProvider(), name, props, pulumi.ResourceOptions.merge(

@@ -719,8 +719,8 @@ class LocalPlatform:
                                  what=process.name, log=log)
         return pid
 
-    def stop_controller(self, name: str) -> bool:
-        return processes.stop(self.run_dir, name)
+    def stop_controller(self, name: str, grace: float = processes.STOP_GRACE_SECONDS) -> bool:
+        return processes.stop(self.run_dir, name, grace)
 
     def token_kubeconfig(self, namespace: str, service_account: str, expiration_seconds: int = 3600) -> str:
         """A kubeconfig holding only a short-lived TokenRequest token of one ServiceAccount."""

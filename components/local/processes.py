@@ -78,7 +78,10 @@ def start(process: HostProcess, run_dir: Path, log_dir: Path) -> int:
     return child.pid
 
 
-def stop(run_dir: Path, name: str, grace: float = 10.0) -> bool:
+STOP_GRACE_SECONDS = 10.0
+
+
+def stop(run_dir: Path, name: str, grace: float = STOP_GRACE_SECONDS) -> bool:
     """Stop the process group of `name`: SIGTERM, then SIGKILL after `grace`. True if it was running."""
     pid = running_pid(run_dir, name)
     _pid_file(run_dir, name).unlink(missing_ok=True)

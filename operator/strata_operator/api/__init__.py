@@ -14,3 +14,6 @@ AUTO_GROUP, AUTO_VERSION = "auto.pulumi.com", "v1alpha1"
 FINALIZER = "finalizer.stack.pulumi.com"
 RECONCILE_REQUEST_ANNOTATION = "pulumi.com/reconciliation-request"
 FLUX_REQUESTED_AT_ANNOTATION = "reconcile.fluxcd.io/requestedAt"
+# A stopping operator (an upgrade, a restart) lets running updates finish for up to this long before it
+# cancels them; the in-cluster Deployment's termination grace period covers it.
+SHUTDOWN_DRAIN_SECONDS = 300

@@ -185,6 +185,9 @@ class RunRecord:
     host: str
     # What the run consumed of its prerequisites' outputs: name -> digest (decisions/planning.prerequisite_digests).
     prerequisite_digests: tuple[tuple[str, str], ...] = ()
+    # The program's project name: what a recovery needs to find the run's stack in the backend when the
+    # program itself is gone (a stack name need not name its project).
+    project: str = ""
 
     def consumed(self) -> dict[str, Any]:
         return {"prerequisiteDigests": dict(self.prerequisite_digests)} if self.prerequisite_digests else {}
@@ -199,6 +202,8 @@ def current_update(run: RunRecord) -> dict[str, Any]:
         "commit": run.commit,
         "startTime": rfc3339(run.started),
         "host": run.host,
+        **({"project": run.project} if run.project else {}),
+        **run.consumed(),
     }
 
 
@@ -211,7 +216,23 @@ def run_from_current_update(current: dict[str, Any]) -> RunRecord:
         commit=current.get("commit", ""),
         started=parse_time(current.get("startTime")) or datetime.fromtimestamp(0, timezone.utc),
         host=current.get("host", ""),
+        prerequisite_digests=tuple(sorted((current.get("prerequisiteDigests") or {}).items())),
+        project=current.get("project", ""),
     )
+
+
+RUN_TAG = "strata run "
+
+
+def update_message(message: str, run: str) -> str:
+    """The message the engine records with a run's update: the plan's words and the run's name, by which
+    a recovery tells the interrupted run's update in the backend's history from any other."""
+    return f"{message} [{RUN_TAG}{run}]" if message else f"[{RUN_TAG}{run}]"
+
+
+def is_update_of(message: str, run: str) -> bool:
+    """The backend's update `message` was recorded by the run named `run` (see update_message)."""
+    return bool(run) and message.endswith(f"[{RUN_TAG}{run}]")
 
 
 def succeeded_update(run: RunRecord, permalink: str, now: datetime) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import kopf
 
-from ..api import GROUP, VERSION
+from ..api import GROUP, SHUTDOWN_DRAIN_SECONDS, VERSION
 from ..api import status as st
 from ..api.stack import (WATCHED_FLUX_KINDS, StackSpec, local_source_issue, misplaced_file_backend,
                          not_applicable_fields, operator_ref_issues, parse_stack_spec, unused_sources)
@@ -37,9 +37,9 @@ from ..sources.flux import SourceNotReady
 from ..sources.references import RefError, Resolved, resolve_stack
 from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, stack_key, utc_now
 from .stack_rollout import gate_on_rollout
-from .stack_session import (StackSession, materialise_program, recover_interrupted, source_revision, stack_state_dir,
-                            update_request, wait_for_reference)
-from .stack_update import check_drift, gated_update, outputs_secret_problem, run_stack_update
+from .stack_session import (StackSession, materialise_program, source_revision, stack_state_dir, update_request,
+                            wait_for_reference)
+from .stack_update import check_drift, gated_update, outputs_secret_problem, recover_interrupted, run_stack_update
 
 
 async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
@@ -172,11 +172,16 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
 # --- Kopf wiring ------------------------------------------------------------------------------
 
 
-@kopf.daemon(GROUP, VERSION, "stacks", cancellation_timeout=10.0, initial_delay=0, when=in_shard)
+# A stopping operator (an upgrade, a restart, a shard giving a Stack up) lets a running update finish
+# rather than cancel it and run it again under its successor: Kopf signals each Stack's daemon, waits
+# SHUTDOWN_DRAIN_SECONDS for it to return, then cancels it.
+@kopf.daemon(GROUP, VERSION, "stacks", cancellation_backoff=SHUTDOWN_DRAIN_SECONDS, cancellation_timeout=10.0,
+             initial_delay=0, when=in_shard)
 async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, logger: Any,
                        stopped: kopf.DaemonStopped, **_: Any) -> None:
     ctx: Context = memo.ctx
     watched = ctx.registry.stacks.setdefault((namespace, name), Watched())
+    on_stop = asyncio.create_task(_stop_waiting(ctx, stack_key(namespace, name), watched, stopped))
     metrics.STACKS_ACTIVE.inc()
     try:
         while not stopped:
@@ -196,8 +201,18 @@ async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Me
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(watched.wakeup.wait(), timeout=delay)
     finally:
+        on_stop.cancel()
         metrics.STACKS_ACTIVE.dec()
         ctx.registry.stacks.pop((namespace, name), None)
+
+
+async def _stop_waiting(ctx: Context, key: str, watched: Watched, stopped: kopf.DaemonStopped) -> None:
+    """Once the daemon is told to stop: an idle one wakes to return at once; a deleted Stack's running
+    update is cancelled (its finalizer destroys or releases the stack), any other running update finishes."""
+    await stopped.wait()
+    if stopped.reason is not None and stopped.reason & kopf.DaemonStoppingReason.RESOURCE_DELETED:
+        await ctx.engine.cancel(key)
+    watched.wakeup.set()
 
 
 @kopf.on.event(GROUP, VERSION, "stacks")

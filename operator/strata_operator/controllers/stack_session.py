@@ -4,8 +4,6 @@ when it changes; the source's revision, the program materialised at it, and the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -193,25 +191,6 @@ def _source_root(project: Path, run_dir: Path) -> Path:
         return run_dir / project.relative_to(run_dir).parts[0]
     except (ValueError, IndexError):
         return project
-
-
-async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
-    """A currentUpdate with no run in this process is a run killed with the operator: clear its lock."""
-    current = session.status.get("currentUpdate")
-    if not current or session.ctx.engine.busy(session.key):
-        return
-    run = st.run_from_current_update(current)
-    last_good = stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful"
-    project = last_good if last_good.is_dir() else Path(tempfile.mkdtemp(prefix="strata-recover-"))
-    if not (project / "Pulumi.yaml").exists():
-        (project / "Pulumi.yaml").write_text("name: recover\nruntime: yaml\n")
-    request = await update_request(session.ctx, spec, session.namespace, session.name, project, resolved, project)
-    request = dataclasses.replace(request, interrupted_host=run.host, interrupted_since=run.started.timestamp())
-    result = await session.ctx.engine.recover(request)
-    message = f"update {run.name} was interrupted (operator restart); {result.message}"
-    post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
-    last = st.failed_update(session.status.get("lastUpdate"), run, st.UPDATE_INTERRUPTED, message, "", utc_now())
-    await session.write(lastUpdate=last, currentUpdate=None)
 
 
 async def wait_for_reference(session: StackSession, err: RefError) -> float:

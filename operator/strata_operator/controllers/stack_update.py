@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes.client.rest import ApiException
 
 from ..api import GROUP, VERSION
@@ -243,10 +245,12 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         except (SourceError, SpecInvalid) as err:
             await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err))
             return float(session.resync_seconds(spec)) if spec.project_repo or spec.polled else None
+        # The project's name lets a recovery find this run's stack in the backend once the program is gone.
+        run = dataclasses.replace(run, project=(project_info(project) or {}).get("name", ""))
         try:
             request = await update_request(ctx, spec, session.namespace, session.name, project, resolved, run_dir,
-                                           plan.message, real_outputs=spec.outputs_secret is not None or
-                                           _is_prerequisite(session))
+                                           st.update_message(plan.message, run.name),
+                                           real_outputs=spec.outputs_secret is not None or _is_prerequisite(session))
         except RefError as err:
             return await wait_for_reference(session, err)
         plan_file = run_dir / "plan.json"
@@ -263,15 +267,9 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
             return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
         if result.ok:
-            problem = None
-            if run.kind == "up" and spec.outputs_secret is not None:
-                problem = await _write_outputs_secret(session, spec.outputs_secret.name, result)
+            fields.update(await _succeeded_fields(session, spec, run, result))
             fields["projectInfo"] = project_info(project)
             if run.kind == "up":
-                # What the engine's state now holds, whether or not the Secret could be written.
-                fields["outputs"] = st.outputs_for_status(result.outputs)
-                fields["outputDigests"] = result.output_digests or None
-                fields["outputsDigest"] = result.outputs_digest or None
                 _keep_last_successful(project, stack_dir / "last-successful")
                 if session.status.get("plan"):  # applied, or no longer wanted (approval turned off)
                     await _drop_plan(session)
@@ -280,15 +278,6 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
                     # The update refreshed first: whatever drifted is Pulumi's again.
                     fields["drift"] = drift_status({}, st.rfc3339(utc_now()))
                     metrics.mark_drifted(session.namespace, session.name, False)
-            if problem is None:
-                fields["lastUpdate"] = st.succeeded_update(run, result.permalink, utc_now())
-                # The change summary makes the Stack's Events its update history (the console shows them).
-                post_event(session.body, st.EVENT_UPDATE_SUCCESSFUL, st.success_message(result.summary),
-                           revision=revision)
-            else:
-                fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run,
-                                                        st.OUTPUTS_SECRET_FAILED, problem, result.permalink, utc_now())
-                post_event(session.body, st.EVENT_OUTPUT_FAILURE, problem, warning=True)
         else:
             conflict = result.outcome == "conflict"
             refused = approval is not None and bool(approval.digest) and plan_refused(result.message)
@@ -330,6 +319,65 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         return soonest(after.requeue_after, next_check)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def _succeeded_fields(session: StackSession, spec: StackSpec, run: st.RunRecord,
+                            result: UpdateResult) -> dict[str, Any]:
+    """What a successful run records: an up's outputs (and its outputs Secret), lastUpdate and its Event."""
+    fields: dict[str, Any] = {}
+    problem = None
+    if run.kind == "up":
+        if spec.outputs_secret is not None:
+            problem = await _write_outputs_secret(session, spec.outputs_secret.name, result)
+        # What the engine's state now holds, whether or not the Secret could be written.
+        fields["outputs"] = st.outputs_for_status(result.outputs)
+        fields["outputDigests"] = result.output_digests or None
+        fields["outputsDigest"] = result.outputs_digest or None
+    if problem is None:
+        fields["lastUpdate"] = st.succeeded_update(run, result.permalink, utc_now())
+        # The change summary makes the Stack's Events its update history (the console shows them).
+        post_event(session.body, st.EVENT_UPDATE_SUCCESSFUL, st.success_message(result.summary), revision=run.commit)
+    else:
+        fields["lastUpdate"] = st.failed_update(session.status.get("lastUpdate"), run, st.OUTPUTS_SECRET_FAILED,
+                                                problem, result.permalink, utc_now())
+        post_event(session.body, st.EVENT_OUTPUT_FAILURE, problem, warning=True)
+    return fields
+
+
+async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
+    """A currentUpdate with no run in this process is a run interrupted with the operator (killed, or fenced
+    off when its status write failed): clear what it left in the backend and, if its update had finished
+    and succeeded, record that update rather than running the same change again."""
+    current = session.status.get("currentUpdate")
+    if not current or session.ctx.engine.busy(session.key):
+        return
+    run = st.run_from_current_update(current)
+    project = _recovery_project(stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful",
+                                run.project)
+    request = await update_request(session.ctx, spec, session.namespace, session.name, project, resolved, project)
+    request = dataclasses.replace(request, interrupted_host=run.host, interrupted_since=run.started.timestamp(),
+                                  interrupted_run=run.name if run.kind == "up" else "")
+    result = await session.ctx.engine.recover(request)
+    if result.finished:
+        session.logger.info("update %s of %s/%s had finished before the operator lost it: recorded, not run again",
+                    run.name, session.namespace, session.name)
+        await session.write(currentUpdate=None, **await _succeeded_fields(session, spec, run, result))
+        return
+    message = f"update {run.name} was interrupted (operator restart); {result.message}"
+    post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
+    last = st.failed_update(session.status.get("lastUpdate"), run, st.UPDATE_INTERRUPTED, message, "", utc_now())
+    await session.write(lastUpdate=last, currentUpdate=None)
+
+
+def _recovery_project(last_successful: Path, project_name: str) -> Path:
+    """A project for the recovery's CLI runs: the last successful update's, if it is the same project,
+    else an empty one of the interrupted run's name (so a stack name without a project finds its stack)."""
+    known = project_info(last_successful)
+    if known is not None and (not project_name or known["name"] == project_name):
+        return last_successful
+    empty = Path(tempfile.mkdtemp(prefix="strata-recover-"))
+    (empty / "Pulumi.yaml").write_text(yaml.safe_dump({"name": project_name or "recover", "runtime": "yaml"}))
+    return empty
 
 
 def _keep_last_successful(project: Path, dest: Path) -> None:

@@ -43,6 +43,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     settings.posting.level = 100  # only our explicit, redacted Events; never Kopf's log lines
     settings.watching.server_timeout = 270
     settings.networking.error_backoffs = ApiRetryDelays()  # ride out a sick API server, and come back spread
+    # A Stack's daemon told to stop returns at once when idle (it drains only a running update): waiting a
+    # moment for that spares a deleted Stack's finalizer Kopf's re-check after the whole drain period.
+    settings.background.instant_exit_timeout = 2.0
     install_log_redaction()
     kube = Kube.from_environment(options.kubeconfig)
     engine: Engine = (PodEngine(options.engine, options.workspace, kube) if options.workspace is not None

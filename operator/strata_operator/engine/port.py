@@ -50,9 +50,11 @@ class UpdateRequest:
     plan_file: str = ""
     # Drift detection: refresh only previews (what changed outside Pulumi), writing nothing.
     preview_only: bool = False
-    # For `recover`: the interrupted run's host and start time (seconds since the epoch).
+    # For `recover`: the interrupted run's host, start time (seconds since the epoch) and, for an `up`, its
+    # name (whose update, if it finished, the backend's history holds: status.update_message).
     interrupted_host: str = ""
     interrupted_since: float = 0.0
+    interrupted_run: str = ""
     # PKO v2's Update options (auto.pulumi.com): fail on any change (preview, up, refresh), go on past
     # resource errors (up, destroy), resources to replace (preview, up), at most this many resource
     # operations at once (0: the CLI's default).
@@ -100,6 +102,9 @@ class UpdateResult:
     outputs_error: str = ""  # why real_outputs could not be read
     output_digests: dict[str, str] = dataclasses.field(default_factory=dict)
     outputs_digest: str = ""
+    # recover: the interrupted run had finished its update, and succeeded; the result is that update's
+    # (summary, outputs), read back from the backend.
+    finished: bool = False
 
     @property
     def ok(self) -> bool:
@@ -111,7 +116,7 @@ class UpdateResult:
             "outcome": self.outcome, "message": self.message, "permalink": self.permalink, "summary": self.summary,
             "outputs": {k: {"value": v, "secret": secret} for k, (v, secret) in self.outputs.items()},
             "reason": self.reason, "real_outputs": self.real_outputs, "outputs_error": self.outputs_error,
-            "output_digests": self.output_digests, "outputs_digest": self.outputs_digest})
+            "output_digests": self.output_digests, "outputs_digest": self.outputs_digest, "finished": self.finished})
 
     @classmethod
     def from_json(cls, text: str, duration: float) -> "UpdateResult":
@@ -122,7 +127,7 @@ class UpdateResult:
         return cls(body["outcome"], redact(body.get("message", "")), outputs, body.get("permalink", ""),
                    body.get("summary", {}), duration, body.get("reason", ""), real,
                    redact(body.get("outputs_error", "")), dict(body.get("output_digests") or {}),
-                   body.get("outputs_digest", ""))
+                   body.get("outputs_digest", ""), bool(body.get("finished")))
 
 
 def register_secret_outputs(outputs: dict[str, tuple[Any, bool]], real: dict[str, Any] | None) -> None:

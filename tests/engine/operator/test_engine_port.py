@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from strata_operator.api.status import update_message
 from strata_operator.engine.port import UpdateRequest
 from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
 
@@ -126,6 +127,31 @@ def test_held_lock_is_a_conflict_and_recover_clears_only_our_dead_run(engine, tm
                                                        "interrupted_since": 0.0})))
     assert ours.ok and "lock" in ours.message and not lock.exists()
     assert asyncio.run(engine.up(req)).ok
+
+
+def test_recover_returns_the_interrupted_runs_update_when_it_had_finished(engine, tmp_path):
+    """An operator that lost a run after its update succeeded (its status write failed) finds that update in
+    the backend's history by the run's name in its message, and gets its outputs: nothing runs again."""
+    req = request(tmp_path)
+    assert asyncio.run(engine.up(UpdateRequest(**{**req.__dict__, "message": update_message("first", "app-1")}))).ok
+    finished = asyncio.run(engine.up(UpdateRequest(**{**req.__dict__, "message": update_message("second", "app-2"),
+                                                      "config": {"greeting": "again", "tags": {}}})))
+    assert finished.ok, finished.message
+    recovered = asyncio.run(engine.recover(UpdateRequest(**{**req.__dict__, "interrupted_host": "dead-host",
+                                                            "interrupted_run": "app-2"})))
+    assert recovered.ok and recovered.finished, recovered.message
+    assert recovered.outputs == finished.outputs and recovered.outputs["password"] == (None, True)
+    assert recovered.summary == finished.summary and recovered.output_digests == finished.output_digests
+    # An earlier run's update is not the newest; a run whose update never happened has none.
+    for run in ("app-1", "app-3", ""):
+        other = asyncio.run(engine.recover(UpdateRequest(**{**req.__dict__, "interrupted_run": run})))
+        assert other.ok and not other.finished, run
+
+
+def test_recover_of_a_first_run_that_never_created_its_stack_finds_nothing_finished(engine, tmp_path):
+    req = request(tmp_path)
+    recovered = asyncio.run(engine.recover(UpdateRequest(**{**req.__dict__, "interrupted_run": "app-1"})))
+    assert recovered.ok and not recovered.finished, recovered.message
 
 
 def test_a_stack_removed_behind_the_operators_back_is_created_again(engine, tmp_path):

@@ -1,4 +1,5 @@
-"""destroyOnFinalize (also with the Program gone), serviceAccountName, and kill -9 of the operator mid-update."""
+"""destroyOnFinalize (also with the Program gone), serviceAccountName, kill -9 of the operator mid-update, a stop
+that lets the running update finish, and an update that finished while its status write was lost."""
 
 import base64
 import json
@@ -6,7 +7,7 @@ from pathlib import Path
 
 from strata_components.local import processes
 
-from .conftest import condition, has_condition, stash_program
+from .conftest import GROUP, VERSION, condition, eventually_constant, has_condition, stash_program
 
 
 def _backend_stack(stacks, project: str) -> Path:
@@ -117,3 +118,56 @@ def test_kill_9_mid_update_then_restart_converges(stacks, operator):
     processes.wait_until(lambda: [e for e in stacks.events("big", "StackUpdateFailure") if "interrupted" in e.message],
                          15, "the interrupted update reported")
     assert stacks.runs("big") == 2
+
+
+def _updates_in_history(stacks, project: str) -> list[dict]:
+    """The backend's own record of the stack's updates (one file per engine run), oldest first."""
+    history = Path(stacks.backend.removeprefix("file://")) / ".pulumi" / "history" / project / "dev"
+    entries = [json.loads(path.read_text()) for path in sorted(history.glob("*.history.json"))]
+    return [entry for entry in entries if entry.get("kind") == "update"]
+
+
+def test_an_update_that_finished_while_its_status_write_was_lost_is_recorded_not_run_again(stacks, operator):
+    """What an API-server outage leaves (the update succeeded, its status write failed, the operator lost
+    its Lease): currentUpdate still names the run. The next operator finds that run's update in the
+    backend's history and records it: one engine run, not two."""
+    stacks.program("lost", {"resources": {f"s{i}": {"type": "pulumi:index:Stash", "properties": {"input": i}}
+                                          for i in range(60)}, "outputs": {"last": "${s59.input}"}})
+    stacks.create("lost", stacks.spec(programRef={"name": "lost"}))
+    running = processes.wait_until(lambda: (stacks.get("lost") or {}).get("status", {}).get("currentUpdate"), 60,
+                                   "the update to start", interval=0.05)
+    ready = stacks.wait_ready("lost", 120)
+    assert len(_updates_in_history(stacks, "lost")) == 1
+    operator.kill()
+    stacks.custom.patch_namespaced_custom_object_status(GROUP, VERSION, stacks.namespace, "stacks", "lost", {
+        "status": {"currentUpdate": running, "lastUpdate": None, "outputs": None}})
+
+    operator.start()
+    obj = stacks.wait(
+        "lost", lambda o: has_condition(o, "Ready") and (o["status"].get("lastUpdate") or {}).get("state") == "succeeded",
+        120, "Ready with the lost run recorded")
+    assert obj["status"]["lastUpdate"]["name"] == running["name"] == ready["status"]["lastUpdate"]["name"]
+    assert obj["status"]["outputs"] == {"last": 59} and not obj["status"].get("currentUpdate")
+    assert len(_updates_in_history(stacks, "lost")) == 1, "the finished update ran a second time"
+    assert stacks.runs("lost") == 1
+    assert not [e for e in stacks.events("lost", "StackUpdateFailure") if "interrupted" in e.message]
+
+
+def test_a_stopping_operator_lets_the_running_update_finish_and_its_successor_runs_nothing(stacks, operator):
+    """An upgrade or restart stops the operator with SIGTERM mid-update: the update finishes and is recorded
+    before the process exits, and the next operator has nothing to run (one engine run, as in the backend)."""
+    stacks.program("drained", {"resources": {f"s{i}": {"type": "pulumi:index:Stash", "properties": {"input": i}}
+                                             for i in range(300)}, "outputs": {"last": "${s299.input}"}})
+    stacks.create("drained", stacks.spec(programRef={"name": "drained"}))
+    checkpoint = _backend_stack(stacks, "drained")
+    processes.wait_until(lambda: _stashes_so_far(checkpoint) >= 20, 60, "the update to be part-way", interval=0.1)
+    processes.stop(operator.platform.run_dir, operator.process.name, grace=240)
+    assert _stashes_so_far(checkpoint) == 300, "the update was cut short by the stop"
+    stopped = stacks.get("drained")["status"]
+    assert stopped["lastUpdate"]["state"] == "succeeded" and not stopped.get("currentUpdate")
+
+    operator.start()
+    stacks.wait_ready("drained", 60)
+    eventually_constant(lambda: stacks.runs("drained"), 5)
+    assert stacks.runs("drained") == 1 and len(_updates_in_history(stacks, "drained")) == 1
+    assert not _locks(stacks)

@@ -7,8 +7,11 @@ import pytest
 import yaml
 from strata_mocks import FAKE_CA, fake_token
 
-from strata_components.operator import (Operator, build_executor_flags, build_local_ports, build_operator_deployment,
-                                        build_operator_objects, build_operator_rbac, load_packaged_manifests)
+from strata_components.local import processes
+from strata_components.operator import (Operator, OperatorProcessProvider, build_executor_flags, build_local_ports,
+                                        build_operator_deployment, build_operator_objects, build_operator_rbac,
+                                        load_packaged_manifests, operator_code_digest)
+from strata_operator.api import SHUTDOWN_DRAIN_SECONDS
 from strata_operator.api.label_selector import parse_label_selector
 
 READ = {"get", "list", "watch"}
@@ -149,6 +152,11 @@ def test_deployment_replicas_stand_by_behind_one_leader():
                                                       "replicas": 2}, load_packaged_manifests("rbac"))
                    if o["kind"] == "Deployment"]
     assert rendered["spec"]["replicas"] == 2
+
+
+def test_a_pod_going_in_a_rollout_has_time_to_let_its_running_updates_finish():
+    pod = build_operator_deployment("ops", "op", "registry/strata:1")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > SHUTDOWN_DRAIN_SECONDS
 
 
 def test_objects_per_mode():
@@ -310,3 +318,16 @@ def test_local_operator_ports_are_the_platforms_kept_ones_unless_the_args_give_t
     assert build_local_ports({"metrics_port": None, "health_port": None}, kept) == {
         "metrics_port": 40111, "health_port": 40112}
     assert build_local_ports({"metrics_port": 9000.0}, kept) == {"metrics_port": 9000, "health_port": 40112}
+
+
+def test_a_new_version_of_the_operator_restarts_the_local_process_and_nothing_else_does(monkeypatch, tmp_path):
+    """An upgrade on the host is `git pull && make up`: the process runs the code it was started with, so a
+    changed operator package is an update of the process (stopped letting its updates finish, started again)."""
+    monkeypatch.setattr(processes, "running_pid", lambda *_: 4242)
+    props = {"state_dir": str(tmp_path), "name": "strata-operator", "code": operator_code_digest(),
+             "command": ["python", "-m", "strata_operator"], "flags": [], "requested_ports": {}, "env": {},
+             "kubeconfig": "k"}
+    assert operator_code_digest() == props["code"] and len(props["code"]) == 16
+    assert not OperatorProcessProvider().diff("id", props, dict(props)).changes
+    assert OperatorProcessProvider().diff("id", {**props, "code": "0123456789abcdef"}, props).changes
+    assert OperatorProcessProvider().diff("id", {k: v for k, v in props.items() if k != "code"}, props).changes

@@ -2,7 +2,8 @@
 
 from datetime import datetime, timedelta, timezone
 
-from strata_operator.api.status import (SUSPENDED, Verdict, build_conditions, merge_patch, outputs_for_status,
+from strata_operator.api.status import (SUSPENDED, RunRecord, Verdict, build_conditions, current_update, is_update_of,
+                                        merge_patch, outputs_for_status, run_from_current_update, update_message,
                                         with_drifted)
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -61,3 +62,18 @@ def test_drifted_sits_beside_the_verdict_and_survives_new_verdicts():
     assert [c["type"] for c in again] == ["Ready", "Reconciling", "Drifted"]
     assert by_type(again)["Drifted"]["lastTransitionTime"] == by_type(drifted)["Drifted"]["lastTransitionTime"]
     assert [c["type"] for c in with_drifted(again, False, "", 2, T0)] == ["Ready", "Reconciling"]
+
+
+def test_a_runs_record_survives_status_with_its_project_and_what_it_consumed():
+    run = RunRecord(name="app-1a2b", kind="up", generation=3, reconcile_request="r", commit="abc",
+                    started=datetime(2026, 11, 26, tzinfo=timezone.utc), host="op-0",
+                    prerequisite_digests=(("infra", "d1"),), project="app")
+    assert run_from_current_update(current_update(run)) == run
+
+
+def test_an_update_message_names_its_run_and_only_that_run_matches():
+    message = update_message("New stack generation: 3", "app-1a2b")
+    assert message.startswith("New stack generation: 3") and is_update_of(message, "app-1a2b")
+    assert not is_update_of(message, "app-1a2")  # a prefix of another run's name is not that run
+    assert not is_update_of(message, "") and not is_update_of("New stack generation: 3", "app-1a2b")
+    assert is_update_of(update_message("", "app-1a2b"), "app-1a2b")

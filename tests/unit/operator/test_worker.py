@@ -7,9 +7,10 @@ import json
 import pytest
 import yaml
 
+from strata_operator.api.status import update_message
 from strata_operator.engine.process.worker import (KnownStack, UpdateBlocked, _ensure_file_backend, _event_log_results,
                                                    _holds_secret, _secrets_settings, _write_stack_file, failure_result,
-                                                   request_redactor)
+                                                   finished_run_update, request_redactor)
 
 SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": '"[secret]"'}
 
@@ -253,3 +254,13 @@ def test_real_secret_values_are_registered_for_redaction_and_never_in_the_result
     assert redact("leaked s3cr3t-nested here") == "leaked [secret] here"
     assert redact("see http://plain") == "see http://plain", "plain outputs stay readable"
     assert (result.outputs_digest, result.output_digests) == ("sha256:t", {"url": "sha256:1"})
+
+
+def test_only_the_newest_successful_update_of_the_run_is_its_finished_update():
+    entry = {"kind": "update", "result": "succeeded", "message": update_message("Initial stack update", "app-1")}
+    assert finished_run_update(entry, "app-1")
+    assert not finished_run_update(entry, "app-2")
+    assert not finished_run_update({**entry, "result": "failed"}, "app-1")
+    assert not finished_run_update({**entry, "result": "in-progress"}, "app-1")
+    assert not finished_run_update({**entry, "kind": "refresh"}, "app-1")
+    assert not finished_run_update({}, "app-1")

@@ -31,7 +31,7 @@ from pulumi import automation as auto
 from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, StackAlreadyExistsError, StackNotFoundError,
                                       create_command_error)
 
-from ...api.status import PULUMI_VERSION_TOO_LOW, WORKSPACE_FAILED
+from ...api.status import PULUMI_VERSION_TOO_LOW, WORKSPACE_FAILED, is_update_of
 from ...decisions.outputs import output_digests, outputs_digest
 from ...services.redaction import Redactor
 from .executor import RESULT_PREFIX
@@ -207,6 +207,27 @@ def _cli_outputs(command: auto.PulumiCommand, workdir: str, stack_name: str) -> 
     result = command.run(["stack", "output", "--json", "--non-interactive", "--stack", stack_name], workdir, {})
     return {key: {"value": None if value == "[secret]" else value, "secret": value == "[secret]"}
             for key, value in json.loads(result.stdout or "{}").items()}
+
+
+def _finished_update(command: auto.PulumiCommand, workdir: str, stack_name: str, run: str) -> dict[str, Any] | None:
+    """The backend's newest update, if it is the run named `run`'s and it succeeded; else None (a stack
+    that cannot be read, or never was created, had no finished update of that run)."""
+    if not run:
+        return None
+    try:
+        listed = command.run(["stack", "history", "--json", "--page-size", "1", "--non-interactive",
+                              "--stack", stack_name], workdir, {})
+        entries = json.loads(listed.stdout or "[]")
+    except (CommandError, ValueError):
+        return None
+    newest = entries[0] if isinstance(entries, list) and entries else {}
+    return newest if finished_run_update(newest, run) else None
+
+
+def finished_run_update(entry: dict[str, Any], run: str) -> bool:
+    """A history entry (`pulumi stack history --json`) is the successful update of the run named `run`."""
+    return (entry.get("kind") == "update" and entry.get("result") == "succeeded"
+            and is_update_of(entry.get("message", ""), run))
 
 
 def _selection(request: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -452,7 +473,15 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: d
         else:
             auto.Stack.select(name, workspace).cancel()
             actions = ["cancelled the interrupted update in the backend"]
-        return {"outcome": "succeeded", "message": "; ".join(actions) or "nothing to recover"}
+        result = {"outcome": "succeeded", "message": "; ".join(actions) or "nothing to recover"}
+        finished = _finished_update(pulumi_command, workdir, name, request.get("interrupted_run", ""))
+        if finished is None:
+            return result
+        # The run was interrupted after its update had succeeded (its status could not be written):
+        # that update is the result, and running it again would be a second run of the same change.
+        result.update(finished=True, summary=finished.get("resourceChanges") or {},
+                      outputs=_cli_outputs(pulumi_command, workdir, name))
+        return with_output_values(pulumi_command, request, workdir, result)
     if operation == "remove":
         workspace.remove_stack(name)
         known.forget()
