@@ -6,6 +6,8 @@ import json
 
 import pytest
 import yaml
+from pulumi import automation as auto
+from pulumi.automation.errors import StackNotFoundError
 
 from strata_operator.engine.process import worker
 from strata_operator.engine.process.virtualenvs import PythonEnvError
@@ -272,6 +274,23 @@ def test_the_stack_is_prepared_while_the_environment_builds_and_the_program_runs
     assert steps == ["prepare", "ready", "program"] and result == {"outcome": "succeeded"}
     assert known.settings() == {}  # remembered: the next update needs no `stack init`
 
+
+
+def test_a_stack_removed_behind_our_back_is_created_again_and_its_program_still_waits_for_the_environment(
+        tmp_path, monkeypatch):
+    steps = []
+
+    def prepare(_workspace, _request, create, _settings):
+        steps.append(f"prepare create={create}")
+        if not create:  # `config set --secret` on the stack the record says exists
+            raise StackNotFoundError(auto.CommandResult("", "no stack named 'org/app/dev' found", 255))
+
+    monkeypatch.setattr(worker, "_prepare_stack", prepare)
+    known = KnownStack(tmp_path / "known-stack.json", "file:///b", "org/app/dev")
+    known.remember({})
+    _on_stack(_Workspace(tmp_path), {"stack_name": "org/app/dev"}, known, True,
+              lambda: steps.append("program") or {"outcome": "succeeded"}, lambda: steps.append("ready"))
+    assert steps == ["prepare create=False", "prepare create=True", "ready", "program"]
 
 def test_an_environment_that_fails_to_build_fails_the_update_when_it_is_waited_for(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

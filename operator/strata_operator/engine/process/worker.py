@@ -531,6 +531,7 @@ def _on_stack(workspace: auto.LocalWorkspace, request: dict[str, Any], known: Kn
         if not create:
             raise
         _prepare_stack(workspace, request, True, {})
+        ready()  # the first try may have stopped before it
         result = operation()
     known.remember(_secrets_settings(workspace.work_dir, request["stack_name"]))
     return result
