@@ -67,8 +67,9 @@ def measure(home: Path, timeout: float) -> dict:
         match = READY_LINE.match(line)
         if match and match.group(1) not in ready:
             ready[match.group(1)] = when
+    # The machine is shared: how busy it was as the round ended, beside its figures.
     result = {"total_seconds": at(lines, DONE), "bootstrap_up_seconds": None, "ready_at": ready,
-              "stack_runs": stack_runs(home)}
+              "stack_runs": stack_runs(home), "load_average_1m": round(os.getloadavg()[0], 2)}
     start, end = at(lines, BOOTSTRAP_START), at(lines, BOOTSTRAP_END)
     if start is not None and end is not None:
         result["bootstrap_up_seconds"] = round(end - start, 1)
@@ -96,7 +97,7 @@ def main() -> None:
     print("\n== make up, warm caches, fresh home")
     for index, figures in enumerate(rounds, 1):
         print(f"round {index}: every layer Ready in {figures['total_seconds']:.1f} s "
-              f"(bootstrap pulumi up {figures['bootstrap_up_seconds']} s)")
+              f"(bootstrap pulumi up {figures['bootstrap_up_seconds']} s; load {figures['load_average_1m']})")
         for key, when in sorted(figures["ready_at"].items(), key=lambda item: item[1]):
             run = figures["stack_runs"].get(key, {})
             detail = (f"   environment {run['environment']:.1f} s, run {run['total']:.1f} s" if "total" in run

@@ -32,7 +32,7 @@ from .toolchain import Toolchain, ToolchainError, installed, profile_tools
 
 FLUX_NAMESPACE = "flux-system"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
-# Every host process in start order, with the ports it listens on (allocated once, kept in platform.json).
+# Every host process in start order (see start_waves), with the ports it listens on (allocated once, kept in platform.json).
 PROCESS_PORTS = {
     "etcd": ("etcd_client", "etcd_peer"),
     "kube-apiserver": ("apiserver",),
@@ -41,7 +41,8 @@ PROCESS_PORTS = {
     "kwok": ("kwok",),
     "git-server": ("git",),
     "flux-bundle-server": ("flux_bundle",),
-    # First of the Flux controllers, so the others' events find its event server up.
+    # First of the Flux controllers, so its event server is the first up (no events are sent before
+    # the bootstrap creates Flux objects).
     "notification-controller": ("notification_events", "notification_receiver", "notification_metrics",
                                 "notification_health"),
     "source-controller": ("source_storage", "source_metrics", "source_health"),
@@ -51,6 +52,8 @@ PROCESS_PORTS = {
 # start_controller): picked free and kept with the platform's own, checked by that controller when it starts.
 CONTROLLER_PORTS = {"strata-operator": ("operator_metrics", "operator_health")}
 PORTS = tuple(port for ports in (*PROCESS_PORTS.values(), *CONTROLLER_PORTS.values()) for port in ports)
+# Started one by one, each once the one before answers; every other process needs only the API server.
+CONTROL_PLANE = ("etcd", "kube-apiserver")
 HOST_CONTROLLERS = ("source-controller", "kustomize-controller", "notification-controller")
 # What `strata local up` and the Cluster component run unless told otherwise.
 DEFAULT_HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
@@ -67,6 +70,15 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 class PlatformError(Exception):
     """The platform could not start; the message names the cause and the fix."""
+
+
+def start_waves(names: list[str]) -> list[list[str]]:
+    """`names` (in start order) as waves of processes started together: etcd alone, then the API
+    server alone (each needs the one before it answering), then all the others at once: each needs
+    only the API server, so waiting for one before starting the next only adds up their start-ups."""
+    waves = [[name] for name in CONTROL_PLANE if name in names]
+    rest = [name for name in names if name not in CONTROL_PLANE]
+    return waves + ([rest] if rest else [])
 
 
 def subprocess_ok(argv: list[str]) -> bool:
@@ -347,17 +359,22 @@ class LocalPlatform:
         self._write_kubeconfigs(ports)
         for directory in ("git", "flux/source"):
             (self.state / directory).mkdir(parents=True, exist_ok=True)
-        for process, ready in plan:
-            if process.name in HOST_CONTROLLERS:
-                self._install_flux_crds(process.name)
-            if process.name == "git-server":
-                server_side_apply(self.kubeconfig_path, build_git_server_rbac())
-            already = processes.running_pid(self.run_dir, process.name) is not None
-            self._start_and_wait(process, ready)
-            say(f"  {process.name}: {'already running' if already else 'ready'} "
-                f"({format_seconds(time.monotonic() - started)})")
-            if process.name == "kwok":
-                self._ensure_nodes(say)
+        for wave in start_waves([process.name for process, _ in plan]):
+            members = [(process, ready) for process, ready in plan if process.name in wave]
+            already = {process.name for process, _ in members
+                       if processes.running_pid(self.run_dir, process.name) is not None}
+            for process, _ in members:
+                if process.name in HOST_CONTROLLERS:
+                    self._install_flux_crds(process.name)
+                if process.name == "git-server":
+                    server_side_apply(self.kubeconfig_path, build_git_server_rbac())
+                processes.start(process, self.run_dir, self.log_dir)
+            for process, ready in members:
+                self._wait_ready(process, ready)
+                say(f"  {process.name}: {'already running' if process.name in already else 'ready'} "
+                    f"({format_seconds(time.monotonic() - started)})")
+                if process.name == "kwok":
+                    self._ensure_nodes(say)
         if self.config.real_node_count:
             self._start_real_nodes(ports, say)
         say(f"local platform ready in {format_seconds(time.monotonic() - started)}: "
@@ -651,6 +668,9 @@ class LocalPlatform:
 
     def _start_and_wait(self, process: HostProcess, ready, timeout: float = 90) -> None:
         processes.start(process, self.run_dir, self.log_dir)
+        self._wait_ready(process, ready, timeout)
+
+    def _wait_ready(self, process: HostProcess, ready, timeout: float = 90) -> None:
         log = self.log_dir / f"{process.name}.log"
         try:
             processes.wait_until(lambda: ready() or self._exited(process.name, log), timeout=timeout,

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from strata_components.local.platform import (DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PORTS, LocalPlatform,
-                                              PlatformConfig, PlatformError, build_git_server_rbac)
+                                              PlatformConfig, PlatformError, build_git_server_rbac,
+                                              start_waves)
 from strata_components.local.toolchain import Toolchain
 
 
@@ -120,3 +121,16 @@ def test_a_taken_kube_proxy_port_is_one_error_naming_the_port_and_the_fix(tmp_pa
     message = str(error.value)
     assert f"port {port} (kube-proxy) is already in use on 127.0.0.1" in message
     assert str(tmp_path / "nodes" / "kube-proxy.json") in message and "\n" not in message
+
+
+def test_the_control_plane_starts_one_by_one_and_everything_else_at_once(tmp_path, toolchain):
+    argv, _ = plan(tmp_path, toolchain, HOST_CONTROLLERS)
+    waves = start_waves(list(argv))
+    assert waves[:2] == [["etcd"], ["kube-apiserver"]]
+    assert waves[2] == [name for name in argv if name not in ("etcd", "kube-apiserver")]
+    assert len(waves) == 3 and waves[2].index("notification-controller") < waves[2].index("source-controller")
+
+
+def test_start_waves_keep_only_the_processes_given():
+    assert start_waves(["etcd", "kube-apiserver"]) == [["etcd"], ["kube-apiserver"]]
+    assert start_waves(["kwok", "git-server"]) == [["kwok", "git-server"]]

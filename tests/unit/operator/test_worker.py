@@ -6,11 +6,16 @@ import json
 
 import pytest
 import yaml
+from pulumi import automation as auto
+from pulumi.automation.errors import StackNotFoundError
 
 from strata_operator.api.status import update_message
-from strata_operator.engine.process.worker import (KnownStack, UpdateBlocked, _ensure_file_backend, _event_log_results,
-                                                   _holds_secret, _secrets_settings, _write_stack_file, failure_result,
-                                                   finished_run_update, request_redactor)
+from strata_operator.engine.process import worker
+from strata_operator.engine.process.virtualenvs import PythonEnvError
+from strata_operator.engine.process.worker import (EnvironmentBuild, KnownStack, UpdateBlocked, _ensure_file_backend,
+                                                   _event_log_results, _holds_secret, _on_stack, _secrets_settings,
+                                                   _write_stack_file, failure_result, finished_run_update,
+                                                   request_redactor)
 
 SECRET = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270", "plaintext": '"[secret]"'}
 
@@ -264,3 +269,60 @@ def test_only_the_newest_successful_update_of_the_run_is_its_finished_update():
     assert not finished_run_update({**entry, "result": "in-progress"}, "app-1")
     assert not finished_run_update({**entry, "kind": "refresh"}, "app-1")
     assert not finished_run_update({}, "app-1")
+
+
+class _Workspace:
+    def __init__(self, work_dir):
+        self.work_dir = str(work_dir)
+
+
+def test_the_stack_is_prepared_while_the_environment_builds_and_the_program_runs_once_it_is_ready(tmp_path,
+                                                                                                   monkeypatch):
+    steps = []
+    monkeypatch.setattr(worker, "_prepare_stack", lambda *_args: steps.append("prepare"))
+    known = KnownStack(tmp_path / "known-stack.json", "file:///b", "org/app/dev")
+    result = _on_stack(_Workspace(tmp_path), {"stack_name": "org/app/dev"}, known, True,
+                       lambda: steps.append("program") or {"outcome": "succeeded"}, lambda: steps.append("ready"))
+    assert steps == ["prepare", "ready", "program"] and result == {"outcome": "succeeded"}
+    assert known.settings() == {}  # remembered: the next update needs no `stack init`
+
+
+
+def test_a_stack_removed_behind_our_back_is_created_again_and_its_program_still_waits_for_the_environment(
+        tmp_path, monkeypatch):
+    steps = []
+
+    def prepare(_workspace, _request, create, _settings):
+        steps.append(f"prepare create={create}")
+        if not create:  # `config set --secret` on the stack the record says exists
+            raise StackNotFoundError(auto.CommandResult("", "no stack named 'org/app/dev' found", 255))
+
+    monkeypatch.setattr(worker, "_prepare_stack", prepare)
+    known = KnownStack(tmp_path / "known-stack.json", "file:///b", "org/app/dev")
+    known.remember({})
+    _on_stack(_Workspace(tmp_path), {"stack_name": "org/app/dev"}, known, True,
+              lambda: steps.append("program") or {"outcome": "succeeded"}, lambda: steps.append("ready"))
+    assert steps == ["prepare create=False", "prepare create=True", "ready", "program"]
+
+def test_an_environment_that_fails_to_build_fails_the_update_when_it_is_waited_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    def broken(project_dir, venvs, cache):
+        assert (project_dir, venvs, cache) == (tmp_path / "project", tmp_path / "venvs", tmp_path / "cache")
+        raise PythonEnvError("installing requirements.txt failed (the program's dependencies): no-such-package")
+
+    monkeypatch.setattr(worker, "ensure_virtualenv", broken)
+    seconds = {}
+    build = EnvironmentBuild(tmp_path / "project", tmp_path / "cache", seconds)
+    build.start()
+    with pytest.raises(PythonEnvError, match="no-such-package"):
+        build.wait()
+    assert seconds["environment"] >= 0
+    assert failure_result(build.error, {})["reason"] == "WorkspaceFailed"  # as when it was built before
+
+
+def test_an_operation_without_a_program_waits_for_no_environment(tmp_path):
+    seconds = {}
+    build = EnvironmentBuild(tmp_path, tmp_path / "cache", seconds)
+    build.wait()  # never started: nothing to wait for
+    assert seconds == {}

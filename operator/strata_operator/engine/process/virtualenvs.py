@@ -157,7 +157,10 @@ def use_virtualenv(project_file_path: Path, venv: Path) -> None:
     # (Pulumi's Python host then picks uv), pulumi would manage the environment itself.
     runtime["options"] = {**(runtime.get("options") or {}), "virtualenv": str(venv), "toolchain": "pip"}
     project["runtime"] = runtime
-    project_file_path.write_text(yaml.safe_dump(project, sort_keys=False))
+    # Replaced whole: the worker's CLI runs that prepare the stack read this file meanwhile.
+    partial = project_file_path.with_name(f".{project_file_path.name}.partial")
+    partial.write_text(yaml.safe_dump(project, sort_keys=False))
+    partial.replace(project_file_path)
 
 
 def default_python_cache(environ: Mapping[str, str] = os.environ) -> Path:

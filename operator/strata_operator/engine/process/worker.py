@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -445,22 +446,64 @@ def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) 
     return actions
 
 
+class EnvironmentBuild:
+    """The program's environment (ensure_virtualenv), built in a thread beside the CLI runs that prepare the
+    stack (`stack init`, `config set --secret`: about a second each), which need none of it; `wait` before
+    the program runs. `seconds["environment"]` gets how long it took."""
+
+    def __init__(self, project_dir: Path, cache: Path, seconds: dict[str, float]):
+        self.project_dir, self.cache, self.seconds = project_dir, cache, seconds
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._build, name="environment", daemon=True)
+        self.thread.start()
+
+    def _build(self) -> None:
+        started = time.monotonic()
+        try:
+            # HOME is the Stack's own directory (executor.AutomationEngine.worker_env).
+            ensure_virtualenv(self.project_dir, Path(os.environ["HOME"]).parent / "venvs", self.cache)
+        except BaseException as err:  # noqa: BLE001 - handed to the thread that waits for it
+            self.error = err
+        self.seconds["environment"] = round(time.monotonic() - started, 3)
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+
+    def wait(self) -> None:
+        """Until the environment is ready; its failure raised here."""
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+
 def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: dict[str, float]) -> dict[str, Any]:
     """Run the request's operation; `seconds` gets how long the program's environment took to be ready."""
     workdir = os.getcwd()
     operation = request["operation"]
-    name = request["stack_name"]
     # Before anything runs the CLI: the virtualenv build may already need them (pulumi-flux's setup.py).
     link_plugins(cached_plugins(Path(request["plugin_cache"]), request["plugin_dirs"]),
                  Path(os.environ["PULUMI_HOME"]) / "plugins")
     backend = _file_backend_dir(dict(os.environ))
     if backend is not None and operation in ("up", "preview", "refresh") and request["create"]:
         _ensure_file_backend(backend)
+    environment = EnvironmentBuild(Path(workdir), Path(request["python_cache"]), seconds)
     if operation in ("up", "preview"):
-        # Only these run the program. HOME is the Stack's own directory (executor.AutomationEngine.worker_env).
-        started = time.monotonic()
-        ensure_virtualenv(Path(workdir), Path(os.environ["HOME"]).parent / "venvs", Path(request["python_cache"]))
-        seconds["environment"] = round(time.monotonic() - started, 3)
+        # Only these run the program, and only they need its environment: built while the stack is prepared.
+        environment.start()
+    try:
+        return _run_operation(request, pulumi_command, workdir, environment)
+    finally:
+        environment.join()
+
+
+def _run_operation(request: dict[str, Any], pulumi_command: auto.PulumiCommand, workdir: str,
+                   environment: EnvironmentBuild) -> dict[str, Any]:
+    operation = request["operation"]
+    name = request["stack_name"]
     workspace = auto.LocalWorkspace(work_dir=workdir, pulumi_home=os.environ.get("PULUMI_HOME"),
                                     secrets_provider=request["secrets_provider"] or None,
                                     pulumi_command=pulumi_command)
@@ -490,28 +533,34 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: d
         return {"outcome": "succeeded", "outputs": _cli_outputs(pulumi_command, workdir, name)}
 
     create = request["create"] and operation != "destroy"
+    ready = environment.wait
     if operation == "up":
-        result = _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir))
+        result = _on_stack(workspace, request, known, create, lambda: _up(pulumi_command, request, workdir), ready)
         return with_output_values(pulumi_command, request, workdir, result)
     if operation == "preview" and request["plan_file"]:
-        return _on_stack(workspace, request, known, create, lambda: _save_plan(pulumi_command, request, workdir))
+        return _on_stack(workspace, request, known, create, lambda: _save_plan(pulumi_command, request, workdir),
+                         ready)
     if operation == "refresh" and request["preview_only"]:
-        return _on_stack(workspace, request, known, False, lambda: _refresh_preview(pulumi_command, request, workdir))
-    return _on_stack(workspace, request, known, create, lambda: _automation_operation(workspace, request))
+        return _on_stack(workspace, request, known, False, lambda: _refresh_preview(pulumi_command, request, workdir),
+                         ready)
+    return _on_stack(workspace, request, known, create, lambda: _automation_operation(workspace, request), ready)
 
 
 def _on_stack(workspace: auto.LocalWorkspace, request: dict[str, Any], known: KnownStack, create: bool,
-              operation: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Prepare the stack and run `operation`; a stale record costs one more try after `stack init`."""
+              operation: Callable[[], dict[str, Any]], ready: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Prepare the stack, wait until `ready` (the program's environment), run `operation`; a stale record
+    costs one more try after `stack init`."""
     remembered = known.settings()
     try:
         _prepare_stack(workspace, request, create and remembered is None, remembered or {})
+        ready()
         result = operation()
     except StackNotFoundError:
         known.forget()
         if not create:
             raise
         _prepare_stack(workspace, request, True, {})
+        ready()  # the first try may have stopped before it
         result = operation()
     known.remember(_secrets_settings(workspace.work_dir, request["stack_name"]))
     return result
