@@ -279,7 +279,7 @@ def up(project: Path, base: Path | None = None, timeout: float = DEFAULT_UP_TIME
     if missing:
         raise DevStackError(f"the {STACK} stack needs: " + "; ".join(missing))
     started = time.monotonic()
-    home, platform, env, fill, exists = _start(project, (base or dev_home().base), say)
+    home, platform, env, fill, exists = _start(project, base or dev_home().base, say)
     run, stack_config = prepare(project, home, env=env, exists=exists, fill=fill)
     credentials, source = backend_credentials(platform)
     say(f"==> checking the {STACK} stack's registry, images, bucket and kubeconfig")
@@ -294,7 +294,11 @@ def down(project: Path, base: Path | None = None, force: bool = False, stuck_aft
          say: Say = stderr_say) -> None:
     """Destroy the cluster stack (the stand-in started again first: its operator destroys the Stacks),
     then stop the stand-in and remove its state."""
-    home, platform, env, fill, exists = _start(project, (base or dev_home().base), say)
+    base = base or dev_home().base
+    if not DevHome(base, stack=STACK).platform_dir.exists():  # its state, the bootstrap's included, went with it
+        say(f"==> no stand-in in {DevHome(base, stack=STACK).platform_dir}: nothing of the {STACK} stack to destroy")
+        return
+    home, platform, env, fill, exists = _start(project, base, say)
     extra = {} if stuck_after is None else {"stuck_after": stuck_after}
     stack_down(project, home, force=force, say=say, env=env, exists=exists, fill=fill, platform=platform, **extra)
 

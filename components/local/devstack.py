@@ -452,7 +452,8 @@ def down(project: Path, home: DevHome | None = None, force: bool = False,
         first = blocked[0]
         raise DevStackError(
             f"Stack {first.key} could not be destroyed ({first.reason or first.state}): {first.message}\n"
-            "Choices: fix the cause and run `make down` again, or `make down FORCE=1`, which removes its "
+            f"Choices: fix the cause and run `make down{home.make_suffix}` again, or `make down{home.make_suffix} "
+            "FORCE=1`, which removes its "
             "finalizer (its resources stay where they are) and still stops every local process.")
 
 
