@@ -27,11 +27,14 @@ import yaml
 
 from ..bootstrap_config import BACKEND_CREDENTIAL_KEYS
 from ..project_repo import DEFAULT_INCLUDE, collect_files, publish
-from . import objectstore, realnode, registry
+from strata_operator.decisions.lease import DEFAULT_LEASE_NAME
+
+from . import objectstore, realnode, registry, stackwatch
 from .devstack import DEFAULT_UP_TIMEOUT, DevHome, DevStackError, down as stack_down, dev_home, prepare, project_name, \
     up_and_wait
 from .fluxbundle import ensure_bundle
 from .gitserver import GitRepos
+from .operator_host import OPERATOR_NAMESPACE
 from .platform import LocalPlatform, PlatformConfig, PlatformError
 from .preflight import missing_dev_stack_requirements
 from .progress import Say, stderr_say
@@ -41,6 +44,7 @@ CONTEXT = "strata-cluster"
 """The kubeconfig context the stand-in's kubeconfig names (Pulumi.cluster.yaml's `context`)."""
 OPERATOR_REPOSITORY = "strata-operator"
 PROJECT_REPOSITORY = "strata"
+OPERATOR_PODS = "app.kubernetes.io/name=strata-operator"
 FLUX_PREFIX = "fluxcd"
 SERVICE_SERVER = f"https://{realnode.SERVICE_ADDRESS}:443"
 """The apiserver as the `kubernetes` Service: the same address from the host and from every pod, its
@@ -160,6 +164,27 @@ def flux_images(bundle: Path, version: str, components: Iterable[str], registry_
     return sorted(images)
 
 
+def in_cluster_operator_blocker(pods: list[dict[str, Any]], holder: str, lease: str) -> str:
+    """Why the in-cluster operator handles no Stacks now, from its pods and its leader Lease's holder ("" when a
+    Ready pod of it holds the Lease)."""
+    if not pods:
+        return "no operator pod exists yet"
+    ready, waiting = [], []
+    for pod in pods:
+        name, status = pod["metadata"]["name"], pod.get("status") or {}
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or []):
+            ready.append(name)
+            continue
+        states = [c.get("state", {}).get("waiting") or {} for c in status.get("containerStatuses") or []]
+        why = "; ".join(f"{s.get('reason', '')}: {s.get('message', '')}".strip(": ") for s in states if s)
+        waiting.append(f"{name} {status.get('phase', 'Pending')}" + (f" ({why})" if why else ""))
+    if not ready:
+        return "no operator pod is Ready: " + ", ".join(waiting)
+    if holder.split("_", 1)[0] in ready:
+        return ""
+    return f"the operator's pods ({', '.join(ready)}) have not taken the Lease {lease} yet"
+
+
 # -- the observations behind the checks ------------------------------------------------------------
 
 def _registry_answer(host: str) -> int | str:
@@ -216,6 +241,16 @@ def check_stack_config(config: Mapping[str, Any], credentials: tuple[str, str], 
 
 
 # -- up and down ---------------------------------------------------------------------------------
+
+def _operator_blocker(reader: stackwatch.StackReader) -> Callable[[], str]:
+    lease = f"{OPERATOR_NAMESPACE}/{DEFAULT_LEASE_NAME}"
+
+    def blocker() -> str:
+        holder = (reader.lease(OPERATOR_NAMESPACE, DEFAULT_LEASE_NAME) or {}).get("holderIdentity") or ""
+        return in_cluster_operator_blocker(reader.pods(OPERATOR_NAMESPACE, OPERATOR_PODS), holder, lease)
+
+    return blocker
+
 
 def stand_in(home: DevHome) -> LocalPlatform:
     """The cluster profile in the home: real nodes, a registry, an object store; no Flux on the host
@@ -287,7 +322,8 @@ def up(project: Path, base: Path | None = None, timeout: float = DEFAULT_UP_TIME
                                                                                                        say))
     if problems:
         raise DevStackError(f"{home.stack_config} (from Pulumi.{STACK}.yaml):\n  " + "\n  ".join(problems))
-    up_and_wait(run, project, home, stack_config, platform.kubeconfig_path, timeout, started, say)
+    up_and_wait(run, project, home, stack_config, platform.kubeconfig_path, timeout, started, say,
+                blocker=_operator_blocker)
 
 
 def down(project: Path, base: Path | None = None, force: bool = False, stuck_after: float | None = None,

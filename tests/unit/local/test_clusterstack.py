@@ -121,3 +121,23 @@ def test_the_flux_images_checked_are_the_install_bundles_own_from_the_registry(t
             tar.addfile(info, io.BytesIO(data))
     assert flux_images(tmp_path, "v2.9.5", ["source-controller"], "10.88.0.1:41000/fluxcd") == [
         "10.88.0.1:41000/fluxcd/source-controller:v1.9.6"]
+
+
+def test_pending_stacks_say_why_the_in_cluster_operator_handles_none():
+    from strata_components.local.clusterstack import in_cluster_operator_blocker
+
+    def pod(name, ready, waiting=None):
+        status = {"phase": "Running" if ready else "Pending",
+                  "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        if waiting:
+            status["containerStatuses"] = [{"state": {"waiting": waiting}}]
+        return {"metadata": {"name": name}, "status": status}
+
+    lease = "strata-system/strata-operator-leader"
+    assert in_cluster_operator_blocker([], "", lease) == "no operator pod exists yet"
+    pulling = pod("op-a", False, {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"r/op:x\""})
+    assert in_cluster_operator_blocker([pulling], "", lease) == (
+        'no operator pod is Ready: op-a Pending (ImagePullBackOff: Back-off pulling image "r/op:x")')
+    assert in_cluster_operator_blocker([pod("op-a", True), pod("op-b", True)], "op-b_1", lease) == ""
+    assert in_cluster_operator_blocker([pod("op-a", True)], "gone-pod_1", lease) == (
+        "the operator's pods (op-a) have not taken the Lease strata-system/strata-operator-leader yet")
