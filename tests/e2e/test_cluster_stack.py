@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,15 +46,17 @@ STRATA_IN_PODS = ("strata_operator", "source-controller", "kustomize-controller"
 
 
 @pytest.fixture
-def home(tmp_path):
-    """A throw-away home; whatever happens, the stand-in is stopped and the host's changes undone."""
-    base = tmp_path / "strata-home"
+def home():
+    """A throw-away home, short: a real node's kubelet sockets live under it and a unix socket's path has at most
+    107 bytes (pytest's tmp_path is too long). Whatever happens, the stand-in is stopped and the host's changes undone."""
+    base = Path(tempfile.mkdtemp(prefix="strata-e2e-"))
     try:
         yield base
     finally:
         state = base / "platform-cluster"
         if state.exists():
             LocalPlatform(PlatformConfig(state_dir=state, profile="cluster", host_controllers=())).down(say=print)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def host_processes_naming(words: tuple[str, ...]) -> list[str]:
