@@ -39,18 +39,22 @@ host-packages: venv
 image: setup
 	@$(VENV)/bin/strata image build
 
+# STACK=cluster: Pulumi.cluster.yaml on the stand-in for a cluster you already have (the cluster profile:
+# real nodes, registry, object store; needs root), Flux and the operator in-cluster (default: dev).
+STACK ?= dev
+
 # TIMEOUT=<seconds>: how long `make up` waits for every Stack to be Ready (default 1200).
 # Checks first (seconds, standard library only): without the Python language host or the provider
 # plugins the dev stack cannot run, and nobody should wait for a 25-minute build to learn that.
 up:
 	@$(PYTHON) components/local/preflight.py
 	@$(MAKE) --no-print-directory setup
-	@$(VENV)/bin/strata dev up $(if $(TIMEOUT),--timeout $(TIMEOUT))
+	@$(VENV)/bin/strata dev up --stack $(STACK) $(if $(TIMEOUT),--timeout $(TIMEOUT))
 
 # FORCE=1: a Stack whose destroy cannot finish loses its finalizer (its resources stay) instead of
 # stopping `make down`; every local process is stopped either way.
 down: venv
-	@$(VENV)/bin/strata dev down $(if $(FORCE),--force)
+	@$(VENV)/bin/strata dev down --stack $(STACK) $(if $(FORCE),--force)
 
 test: setup
 	@$(VPY) tests/run.py

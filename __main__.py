@@ -13,8 +13,8 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from strata_components.bootstrap_config import (cluster_args, flux_args, flux_sync_args, operator_args,
-                                                platform_stack_spec, project_repo_args)
+from strata_components.bootstrap_config import (BACKEND_CREDENTIAL_KEYS, cluster_args, flux_args, flux_sync_args,
+                                                operator_args, platform_stack_spec, project_repo_args)
 from strata_components.cluster import Cluster
 from strata_components.flux import Flux, FluxSync
 from strata_components.layers import PASSPHRASE_SECRET, this_stack
@@ -71,8 +71,19 @@ if platform_settings:
     kube = pulumi.ResourceOptions(provider=cluster.provider, depends_on=[operator])
     secret = k8s.core.v1.Secret("platform-passphrase", metadata={"name": PASSPHRASE_SECRET, "namespace": namespace},
                                 string_data={"passphrase": passphrase}, opts=kube)
+    platform_needs: list[pulumi.Resource] = [operator, secret]
+    if "backendSecret" in platform_settings:
+        # The object store's credentials, the ones this program's own CLI uses for the s3:// backend (its
+        # environment), in a Secret only the platform Stack references.
+        missing = [key for key in BACKEND_CREDENTIAL_KEYS if not os.environ.get(key)]
+        if missing:
+            raise ValueError(f"strata:platform.backendSecret needs the object store's credentials in {', '.join(missing)} "
+                             "(the environment `pulumi up` runs with, as for the s3:// backend itself)")
+        platform_needs.append(k8s.core.v1.Secret(
+            "platform-backend-credentials", metadata={"name": platform_settings["backendSecret"], "namespace": namespace},
+            string_data={key: pulumi.Output.secret(os.environ[key]) for key in BACKEND_CREDENTIAL_KEYS}, opts=kube))
     platform_stack = Stack("platform", {"namespace": namespace, "name": "strata-platform", "spec": spec},
-                           pulumi.ResourceOptions(provider=cluster.provider, depends_on=[operator, secret]))
+                           pulumi.ResourceOptions(provider=cluster.provider, depends_on=platform_needs))
     before_sync.append(platform_stack)
     project_repo = spec["project_repo"]
     # What differs per cluster stays out of the synced manifests: Flux fills it in.

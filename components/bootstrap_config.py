@@ -64,6 +64,10 @@ def flux_args(settings: dict[str, Any], provider: k8s.Provider, cluster: Cluster
             args[key] = settings[key]
     if "imagePullSecret" in settings:
         args["image_pull_secret"] = settings["imagePullSecret"]
+    if "nodeSelector" in settings:
+        args["node_selector"] = dict(settings["nodeSelector"])
+    if "tolerations" in settings:
+        args["tolerations"] = list(settings["tolerations"])
     baseurl = settings.get("baseurl", bundle_url)
     if baseurl is not None:
         args["baseurl"] = baseurl
@@ -95,9 +99,15 @@ def operator_args(settings: dict[str, Any], provider: k8s.Provider, cluster: Clu
     local_cluster = cluster["mode"] == "local"
     args: OperatorArgs = {"provider": provider, "namespace": settings.get("namespace", "strata-system"),
                           "mode": settings.get("mode", "local" if local_cluster else "in-cluster")}
-    for key in ("image", "args", "replicas", "shards"):
+    for key in ("image", "args", "replicas", "shards", "executor"):
         if key in settings:
             args[key] = settings[key]
+    for key, arg in (("imagePullPolicy", "image_pull_policy"), ("nodeSelector", "node_selector"),
+                     ("tolerations", "tolerations"), ("workspaceImage", "workspace_image"),
+                     ("workspaceNodeSelector", "workspace_node_selector"),
+                     ("workspaceTolerations", "workspace_tolerations")):
+        if key in settings:
+            args[arg] = settings[key]
     if args["mode"] == "local":
         state_dir = cluster["local"]["state_dir"] if local_cluster else settings.get("stateDir", DEFAULT_STATE_DIR)
         args["local"] = {"state_dir": state_dir, "server": server, "command": list(command)}
@@ -125,6 +135,16 @@ def resolve_backend_url(url: str) -> str:
     if url.startswith(prefix + "~"):
         return prefix + os.path.expanduser(url[len(prefix):])
     return url
+
+
+# What Pulumi's s3:// backend reads its credentials from (the AWS SDK's environment variables).
+BACKEND_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def backend_credentials_env_refs(secret_name: str) -> dict[str, Any]:
+    """The envRefs that hand a Stack's updates the object store's credentials from the Secret `secret_name`
+    of its namespace (never their values: the Stack names the Secret, the kubelet or operator reads it)."""
+    return {key: {"type": "Secret", "secret": {"name": secret_name, "key": key}} for key in BACKEND_CREDENTIAL_KEYS}
 
 
 def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
@@ -160,6 +180,9 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
     # Teams with a program `dir` and no `repo` of their own run it from this project's repository.
     spec["config"]["strata-platform:projectRepo"] = spec["project_repo"]
     spec["config"]["strata-platform:projectBranch"] = settings.get("branch", "main")
+    if "backendSecret" in settings:
+        # An object-store backend: its credentials from that Secret, beside the passphrase.
+        spec["env_refs"].update(backend_credentials_env_refs(settings["backendSecret"]))
     if "backend" in settings:
         backend = resolve_backend_url(settings["backend"])
         spec["backend"] = backend

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from . import backup, stackctl
-from .local import devstack, toolchain
+from .local import clusterstack, devstack, toolchain
 from .local.images import ImageError
 from .local.platform import (CLUSTER_PROFILE_MIN_REAL_NODES, DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PROFILES,
                              LocalPlatform, PlatformConfig, PlatformError, default_state_dir)
@@ -78,12 +78,19 @@ def _local_host_packages(_args: argparse.Namespace) -> int:
 
 
 def _dev_up(args: argparse.Namespace) -> int:
-    devstack.up(args.project, devstack.dev_home(args.home), timeout=args.timeout)
+    if args.stack == clusterstack.STACK:
+        clusterstack.up(args.project, devstack.dev_home(args.home).base, timeout=args.timeout)
+    else:
+        devstack.up(args.project, devstack.dev_home(args.home), timeout=args.timeout)
     return 0
 
 
 def _dev_down(args: argparse.Namespace) -> int:
-    devstack.down(args.project, devstack.dev_home(args.home), force=args.force, stuck_after=args.stuck_after)
+    if args.stack == clusterstack.STACK:
+        clusterstack.down(args.project, devstack.dev_home(args.home).base, force=args.force,
+                          stuck_after=args.stuck_after)
+    else:
+        devstack.down(args.project, devstack.dev_home(args.home), force=args.force, stuck_after=args.stuck_after)
     return 0
 
 
@@ -217,11 +224,14 @@ def _dev_options() -> argparse.ArgumentParser:
     options.add_argument("--home", type=Path, default=argparse.SUPPRESS,
                          help="where the dev stack keeps its passphrase, backend, platform and config (default: "
                               "$STRATA_HOME, else $XDG_STATE_HOME/strata, else ~/.local/state/strata)")
+    options.add_argument("--stack", choices=(devstack.STACK, clusterstack.STACK), default=argparse.SUPPRESS,
+                         help="dev: the local embedded default; cluster: Pulumi.cluster.yaml on the stand-in for a "
+                              "cluster you already have (default: dev)")
     return options
 
 
 LOCAL_DEFAULTS = {"state_dir": None, "nodes": 1, "real_nodes": 0, "controllers": ",".join(DEFAULT_HOST_CONTROLLERS), "apiserver_port": None, "profile": "dev"}
-DEV_DEFAULTS = {"project": None, "home": None}
+DEV_DEFAULTS = {"project": None, "home": None, "stack": "dev"}
 STACK_DEFAULTS = {"kubeconfig": None, "context": None, "namespace": None, "output": "table",
                   "all_namespaces": False, "timeout": "5m", "operator_state_dir": None}
 

@@ -80,6 +80,10 @@ class FluxArgs(TypedDict):
     selecting their pods, are not applied. When set, every installed controller must be one of them."""
     sync: NotRequired[FluxSyncArgs]
     """Make Flux sync a git repository (GitRepository + Kustomization from `get_flux_sync`)."""
+    node_selector: NotRequired[Mapping[str, str]]
+    """Labels of the nodes the controllers' pods may run on (default: any node), e.g. a system pool's."""
+    tolerations: NotRequired[Sequence[Mapping[str, str]]]
+    """Taints the controllers' pods tolerate (default: none), e.g. a dedicated system pool's."""
     multi_tenancy: NotRequired[bool]
     """Flux's multi-tenancy lockdown (default true): a Kustomization or HelmRelease is applied as its
     `serviceAccountName`, or as its namespace's `default` ServiceAccount when it names none; no
@@ -160,11 +164,24 @@ def lock_down(deployment: dict[str, Any]) -> None:
             container["args"] = [*container.get("args", []), *flags]
 
 
-def build_flux_manifests(content: str, host_controllers: Sequence[str] = (),
-                         multi_tenancy: bool = True) -> FluxManifests:
+def place(deployment: dict[str, Any], node_selector: Mapping[str, str],
+          tolerations: Sequence[Mapping[str, str]]) -> None:
+    """Pin a controller's pods to the nodes `node_selector` selects, tolerating `tolerations` (as the
+    patches `flux bootstrap` documents for a dedicated node pool)."""
+    pod = deployment["spec"]["template"]["spec"]
+    if node_selector:
+        pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), **node_selector}
+    if tolerations:
+        pod["tolerations"] = [*(pod.get("tolerations") or []), *(dict(t) for t in tolerations)]
+
+
+def build_flux_manifests(content: str, host_controllers: Sequence[str] = (), multi_tenancy: bool = True,
+                         node_selector: Mapping[str, str] | None = None,
+                         tolerations: Sequence[Mapping[str, str]] = ()) -> FluxManifests:
     """Split `get_flux_install`'s multi-document YAML into CRDs and the rest, dropping the
-    Deployments of host-run controllers and the Services that select only their pods, and locking
-    the controllers down for multi-tenancy unless told not to."""
+    Deployments of host-run controllers and the Services that select only their pods, locking
+    the controllers down for multi-tenancy unless told not to and placing their pods on the nodes
+    `node_selector` and `tolerations` allow."""
     crds, kept, host_run, host_pods = [], [], [], []
     for document in yaml.safe_load_all(content):
         if not document:
@@ -176,8 +193,10 @@ def build_flux_manifests(content: str, host_controllers: Sequence[str] = (),
             host_pods.append((document["metadata"].get("namespace"),
                               document["spec"]["template"]["metadata"].get("labels") or {}))
         else:
-            if document.get("kind") == "Deployment" and multi_tenancy:
-                lock_down(document)
+            if document.get("kind") == "Deployment":
+                if multi_tenancy:
+                    lock_down(document)
+                place(document, node_selector or {}, tolerations)
             kept.append(document)
     if not crds:
         raise ValueError("the Flux install has no CustomResourceDefinitions; check `version` and `baseurl`")
@@ -215,7 +234,8 @@ class Flux(pulumi.ComponentResource):
             network_policy=args.get("network_policy", True), registry=args.get("registry"),
             image_pull_secrets=args.get("image_pull_secret"), opts=pulumi.InvokeOptions(parent=self))
         manifests = install.content.apply(
-            lambda content: build_flux_manifests(content, host_controllers, args.get("multi_tenancy", True)))
+            lambda content: build_flux_manifests(content, host_controllers, args.get("multi_tenancy", True),
+                                                 args.get("node_selector"), args.get("tolerations", ())))
         crds = k8s.yaml.v2.ConfigGroup(f"{name}-crds", objs=manifests.apply(lambda m: m.crds), opts=child)
         controllers = k8s.yaml.v2.ConfigGroup(
             f"{name}-install", objs=manifests.apply(lambda m: m.resources),

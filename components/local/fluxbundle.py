@@ -4,12 +4,13 @@ pulumi_flux.get_flux_install(baseurl=..., version=...) downloads
 `<baseurl>/download/<version>/manifests.tar.gz`. Upstream builds that tarball with flux2's
 manifests/scripts/bundle.sh from release assets; here the assets are rendered from each
 controller module's config/ with the toolchain's `kubectl kustomize`, so nothing outside the Go
-module proxy is needed. The result is cached by version like the toolchain.
+module proxy is needed. The result is cached by version and settings like the toolchain.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import re
@@ -101,7 +102,9 @@ def render_bundle(toolchain: Toolchain, settings: dict) -> dict[str, str]:
 def ensure_bundle(toolchain: Toolchain, say: Say = stderr_say) -> Path:
     """The directory to serve as pulumi-flux's `baseurl` (it holds download/<version>/manifests.tar.gz)."""
     settings = bundle_settings()
-    root = cache_root() / "flux-bundle" / settings["version"]
+    # Keyed by what it is rendered from, so a changed `config_versions` renders it again.
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_root() / "flux-bundle" / f"{settings['version']}-{key}"
     tarball = root / "download" / settings["version"] / "manifests.tar.gz"
     if tarball.exists():
         say(f"cache hit: flux bundle {settings['version']} ({tarball})")

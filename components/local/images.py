@@ -37,6 +37,9 @@ OPERATOR_REPOSITORY = "strata.local/strata-operator"
 OPERATOR_USER = 65532
 DEBIAN_SUITE = "bookworm"
 OPERATOR_DEBIAN_PACKAGES = ("python3", "python3-venv", "git", "openssh-client", "ca-certificates")
+# What the host trusts (a TLS-inspecting proxy's CA included) replaces Debian's bundle in the image, as in Flux's
+# images: updates in workspace pods fetch their programs' dependencies (uv, git over HTTPS) as the host would.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # What Dockerfile's `COPY --from=pulumi /pulumi/bin/` gives: the CLI and the hosts updates start.
 PULUMI_BINARIES = ("pulumi", "pulumi-language-yaml", "pulumi-resource-pulumi-python")
 OPERATOR_SOURCES = ("pyproject.toml", "components", "operator")
@@ -281,6 +284,8 @@ def operator_image_key(pulumi_layer_key: str) -> str:
             digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
     digest.update(_frozen_requirements().encode())
     digest.update(pulumi_layer_key.encode() + " ".join(OPERATOR_DEBIAN_PACKAGES).encode() + DEBIAN_SUITE.encode())
+    if HOST_CA_BUNDLE.is_file():
+        digest.update(HOST_CA_BUNDLE.read_bytes())
     return digest.hexdigest()[:12]
 
 
@@ -347,6 +352,8 @@ def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiIn
         shutil.rmtree(wheels)
         _check(["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(OPERATOR_USER), "strata"],
                "useradd", "rebuild")
+        if HOST_CA_BUNDLE.is_file():
+            shutil.copyfile(HOST_CA_BUNDLE, rootfs / HOST_CA_BUNDLE.relative_to("/"))
         layer = Path(tmp, "layer.tar")
         with step("writing the image layer", say):
             _check(["tar", "--numeric-owner", "--xattrs", "-cf", str(layer), "-C", str(rootfs), "."],

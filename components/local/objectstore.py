@@ -91,9 +91,19 @@ def _sign(method: str, host: str, path: str, credentials: tuple[str, str], now: 
 
 def _call(port: int, method: str, path: str, credentials: tuple[str, str]) -> tuple[int, str]:
     """One signed request for `/<bucket>[/<key>]` (keys of plain characters: no escaping here)."""
-    host = f"{NODE_ADDRESS}:{port}"
+    return _call_endpoint(endpoint(port), method, path, credentials)
+
+
+def head_bucket(endpoint_url: str, bucket: str, credentials: tuple[str, str]) -> int:
+    """The status of HEAD on `bucket` at any S3 endpoint (http:// or https://), path-style."""
+    return _call_endpoint(endpoint_url, "HEAD", f"/{bucket}", credentials, timeout=5)[0]
+
+
+def _call_endpoint(endpoint_url: str, method: str, path: str, credentials: tuple[str, str],
+                   timeout: float = 30) -> tuple[int, str]:
+    scheme, _, host = endpoint_url.partition("://")
     headers = _sign(method, host, path, credentials, datetime.datetime.now(datetime.UTC))
-    connection = http.client.HTTPConnection(host, timeout=30)
+    connection = (http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection)(host, timeout=timeout)
     try:
         connection.request(method, path, headers=headers)
         response = connection.getresponse()

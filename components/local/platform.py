@@ -616,6 +616,10 @@ class LocalPlatform:
         except realnode.RealNodeError as error:
             raise PlatformError(f"real nodes: {error}") from None
         proxy_ports = self._kube_proxy_ports()
+        if processes.running_pid(self.run_dir, cluster_addons.KUBE_PROXY_PROCESS) is not None:
+            # kube-proxy exits when its configuration file is written, even unchanged: a running one is left alone.
+            say(f"  kube-proxy: already running ({format_seconds(time.monotonic() - started)})")
+            return
         kubeconfig = self.state / "kubeconfigs" / "kube-proxy.kubeconfig"
         issue_client_certificate(self.pki, "kube-proxy", "system:kube-proxy", None)
         write_private(kubeconfig, self._client_kubeconfig(ports, "kube-proxy"))

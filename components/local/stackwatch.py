@@ -216,6 +216,14 @@ class StackReader:
             raise
         return self._api.sanitize_for_serialization(found).get("spec") or {}
 
+    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods of a namespace that `label_selector` selects, as plain data."""
+        from kubernetes import client
+
+        found = client.CoreV1Api(self._api).list_namespaced_pod(namespace, label_selector=label_selector,
+                                                                 _request_timeout=5)
+        return self._api.sanitize_for_serialization(found).get("items") or []
+
     def get(self, key: str) -> dict[str, Any]:
         namespace, name = key.split("/", 1)
         return self.custom.get_namespaced_custom_object(*STACKS[:2], namespace, STACKS[2], name)

@@ -89,3 +89,26 @@ def test_a_home_relative_file_backend_is_expanded_for_the_operator(monkeypatch, 
     assert Path(spec["backend"].removeprefix("file://")).is_absolute()
     for unchanged in ("file:///srv/state", "s3://bucket/state", "https://api.pulumi.com"):
         assert resolve_backend_url(unchanged) == unchanged
+
+
+def test_the_cluster_stack_template_becomes_an_in_cluster_pod_executor_and_placed_flux():
+    """Pulumi.cluster.yaml as committed: every key it sets reaches the components' args."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[3] / "Pulumi.cluster.yaml").read_text())["config"]
+    cluster = cluster_args(config["strata:cluster"])
+    flux = flux_args(config["strata:flux"], PROVIDER, cluster)
+    assert flux["node_selector"] == {"type": "real"} and flux["tolerations"][0]["key"] == "strata.dev/real-node"
+    operator = operator_args(config["strata:operator"], PROVIDER, cluster, server="s", command=["x"])
+    assert (operator["mode"], operator["replicas"], operator["executor"]) == ("in-cluster", 2, "pod")
+    assert operator["node_selector"] == operator["workspace_node_selector"] == {"type": "real"}
+    assert operator["tolerations"] and operator["workspace_tolerations"]
+
+
+def test_an_object_store_backend_gives_the_platform_stack_its_credentials_by_secret_reference_only():
+    spec = platform_stack_spec({"repo": "https://git.example/strata.git", "backend": "s3://state?region=eu-west-1",
+                                "backendSecret": "strata-object-store"}, "organization/strata/cluster", [])
+    assert spec["backend"] == "s3://state?region=eu-west-1"
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert spec["env_refs"][key] == {"type": "Secret", "secret": {"name": "strata-object-store", "key": key}}
+    assert "AWS_ACCESS_KEY_ID" not in platform_stack_spec({"repo": "r"}, "o/s/p", [])["env_refs"]

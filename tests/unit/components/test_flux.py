@@ -161,3 +161,17 @@ def test_the_cluster_wide_sync_runs_as_kustomize_controller_not_as_the_default_s
     rendered = yaml.safe_dump_all([{"kind": "GitRepository", "spec": {"url": "https://git/x.git"}},
                                    {"kind": "Kustomization", "spec": {"path": "./"}}])
     assert build_sync_manifests(rendered)[1]["spec"]["serviceAccountName"] == "kustomize-controller"
+
+
+def test_the_controllers_are_placed_on_the_nodes_selected_and_tolerate_their_taint():
+    """A cluster whose system pool is tainted (the cluster profile's real nodes): every controller's pod says so."""
+    toleration = {"key": "strata.dev/real-node", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+    placed = build_flux_manifests(FLUX_INSTALL, node_selector={"type": "real"}, tolerations=[toleration])
+    deployments = [d for d in placed.resources if d["kind"] == "Deployment"]
+    assert deployments
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["type"] == "real"
+        assert pod["tolerations"][-1] == toleration
+    anywhere = build_flux_manifests(FLUX_INSTALL)
+    assert all("tolerations" not in d["spec"]["template"]["spec"] for d in anywhere.resources if d["kind"] == "Deployment")

@@ -117,6 +117,9 @@ def test_the_repositorys_dev_stack_expects_every_layer_and_alphas_app_through_fl
         "strata-system/strata-platform", "strata-system/team-alpha-handoff", "kustomization team-alpha/team-alpha",
         "strata-system/team-beta-handoff", "kustomization team-beta/team-beta",
         "kustomization flux-system/flux-system", "team-alpha/app"]
+    # Without alpha, nobody applies clusters/dev/team-alpha: its app is not waited for.
+    config["config"]["strata:teams"] = [{"name": "beta"}]
+    assert "team-alpha/app" not in devstack.expected_objects(config, root)
 
 
 def test_a_passphrase_that_does_not_match_the_stack_is_named_with_the_way_out(home, project, tmp_path):

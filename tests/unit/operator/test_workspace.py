@@ -247,6 +247,8 @@ def test_updates_in_a_workspace_pod_run_in_the_pods_own_environment(tmp_path):
     path = env["PATH"].split(":")
     assert path[:3] == [str(bin_dir), "/usr/bin", f"{BUNDLE_DIR}/bin"]
     assert env["HOME"].startswith(str(tmp_path / "workspace"))
+    # A Python program's environment is built with uv's cache on the workspace volume, the one writable place.
+    assert settings.python_cache == tmp_path / "workspace" / "uv"
     # The operator image's own agent: no bundle, its own python; the plugins its PULUMI_HOME carries.
     own = agent_engine_settings({"PATH": str(bin_dir), "PULUMI_HOME": "/opt/pulumi"}, tmp_path / "w")
     assert own.python_command == ()

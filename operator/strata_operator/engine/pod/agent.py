@@ -230,6 +230,8 @@ def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) ->
     path = os.pathsep.join(filter(None, [environ.get("PATH", ""), str(Path(bundle) / "bin") if bundle else ""]))
     return EngineSettings(
         state_dir=workspace / "state", concurrency=2, plugin_cache=default_plugin_cache(environ), host_path=path,
+        # uv's cache in the workspace volume: the default, under HOME, is on the pod's read-only root.
+        python_cache=workspace / "uv",
         inherited_env={name: value for name, value in environ.items() if not name.startswith("STRATA_")},
         python_command=tuple(launcher(Path(bundle))) if bundle else ())
 

@@ -1,0 +1,133 @@
+"""e2e: `make up STACK=cluster` and `make down STACK=cluster` as typed, with a throw-away home (issue #27, item 3).
+
+Nothing of Strata on the host: with the cluster stack up, the host runs only the stand-in's "cloud" parts
+(control plane, kubelets, containerd, kube-proxy, registry, object store, git server, the node gateway and
+the Flux bundle's file server); Flux's controllers, the operator and every update run in pods from the
+registry's images; each Stack's state, and the bootstrap's, is in the object store. Needs what e2e needs
+(a Pulumi install with the Python host and the plugins, which the operator image carries) and what the
+cluster profile needs (root, containerd, the image tools); reported skipped naming what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+from requirements import missing_e2e_requirements
+from test_dev_stack import make, platform_pids, survivors
+
+from strata_components.local import objectstore
+from strata_components.local.platform import LocalPlatform, PlatformConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _missing_realnode() -> list[str]:
+    spec = importlib.util.spec_from_file_location("realnode_requirements", ROOT / "tests" / "realnode" / "requirements.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.missing_realnode_requirements()
+
+
+MISSING = [*missing_e2e_requirements(), *_missing_realnode()]
+pytestmark = [pytest.mark.skipif(bool(MISSING), reason=f"the cluster stack needs: {'; '.join(MISSING)}"),
+              pytest.mark.timeout(3600)]
+# The stand-in's parts: what a cloud runs for a cluster (and the git server and Flux bundle, as a git host
+# and a release download would be).
+CLOUD_PARTS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "git-server",
+               "flux-bundle-server", "kube-proxy", "registry", "object-store", "node-gateway"}
+STRATA_IN_PODS = ("strata_operator", "source-controller", "kustomize-controller")
+
+
+@pytest.fixture
+def home():
+    """A throw-away home, short: a real node's kubelet sockets live under it and a unix socket's path has at most
+    107 bytes (pytest's tmp_path is too long). Whatever happens, the stand-in is stopped and the host's changes undone."""
+    base = Path(tempfile.mkdtemp(prefix="strata-e2e-"))
+    try:
+        yield base
+    finally:
+        state = base / "platform-cluster"
+        if state.exists():
+            LocalPlatform(PlatformConfig(state_dir=state, profile="cluster", host_controllers=())).down(say=print)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def host_processes_naming(words: tuple[str, ...]) -> list[str]:
+    """Processes outside every pod (not in a real node's cgroup) whose command line names one of `words`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cgroup = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if any(word in command for word in words) and "/strata-real-" not in cgroup and "pytest" not in command:
+            found.append(f"{proc.name}: {command[:200]}")
+    return found
+
+
+def test_make_up_cluster_runs_everything_of_strata_in_pods_with_state_in_the_object_store(home):
+    committed = (ROOT / "Pulumi.cluster.yaml").read_text()
+    up = make("up", home, "STACK=cluster")
+    print(up.stdout[-8000:])
+    assert up.returncode == 0, up.stdout[-8000:]
+    assert (ROOT / "Pulumi.cluster.yaml").read_text() == committed
+    assert "==> the cluster stack is up in" in up.stdout and "make down STACK=cluster" in up.stdout
+
+    state = home / "platform-cluster"
+    platform = LocalPlatform(PlatformConfig(state_dir=state, profile="cluster", host_controllers=()))
+    # On the host: the stand-in's parts, nothing else of Strata's.
+    running = {name for name, up_ in platform.status().items() if up_}
+    assert {name for name in running if not name.startswith(("containerd-", "kubelet-"))} <= CLOUD_PARTS, running
+    assert host_processes_naming(STRATA_IN_PODS) == []
+
+    api = config.new_client_from_config(config_file=str(state / "kubeconfig"))
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    custom, coordination = client.CustomObjectsApi(api), client.CoordinationV1Api(api)
+    registry_host = platform.registry_host()
+
+    # Flux's controllers and the operator run in pods on the real nodes, from the registry's images.
+    for namespace, name, replicas in (("flux-system", "source-controller", 1), ("flux-system", "kustomize-controller", 1),
+                                      ("strata-system", "strata-operator", 2)):
+        deployment = apps.read_namespaced_deployment(name, namespace)
+        assert deployment.status.ready_replicas == replicas, (name, deployment.status)
+        image = deployment.spec.template.spec.containers[0].image
+        assert image.startswith(f"{registry_host}/"), image
+    operator_pods = {pod.metadata.name for pod in core.list_namespaced_pod(
+        "strata-system", label_selector="app.kubernetes.io/name=strata-operator").items}
+    # One of them leads: the Lease's holder is <hostname>_<pid>, a pod's hostname its name.
+    holder = coordination.read_namespaced_lease("strata-operator-leader", "strata-system").spec.holder_identity
+    assert holder.rsplit("_", 1)[0] in operator_pods, (holder, operator_pods)
+
+    # Every Stack: Ready, its state in the object store, its updates in a workspace pod of its own from the registry.
+    stacks = custom.list_cluster_custom_object("pulumi.com", "v1", "stacks")["items"]
+    assert stacks
+    for stack in stacks:
+        name, namespace = stack["metadata"]["name"], stack["metadata"]["namespace"]
+        assert {c["type"]: c["status"] for c in stack["status"]["conditions"]}["Ready"] == "True", stack["status"]
+        assert stack["spec"]["backend"].startswith("s3://"), stack["spec"]["backend"]
+        pod = core.read_namespaced_pod(f"{name}-workspace", namespace)
+        assert pod.spec.node_name.startswith("real-")
+        assert pod.spec.containers[0].image.startswith(f"{registry_host}/")
+    # The bootstrap's own state is there too.
+    credentials = objectstore.read_credentials(platform.object_store_credentials)
+    assert objectstore.object_exists(platform.object_store_port(), objectstore.DEFAULT_BUCKET,
+                                     ".pulumi/stacks/strata/cluster.json", credentials)
+
+    pids = platform_pids(state)
+    down = make("down", home, "STACK=cluster")
+    print(down.stdout[-4000:])
+    assert down.returncode == 0, down.stdout[-4000:]
+    assert survivors(pids) == []
+    assert not state.exists()
+    # The host's changes undone: the pod bridge is gone.
+    assert subprocess.run(["ip", "link", "show", "strata0"], capture_output=True).returncode != 0
