@@ -454,6 +454,9 @@ class LocalPlatform:
         missing = realnode.missing_requirements(self._kubelet())
         if missing:
             raise PlatformError("real nodes cannot start here: missing " + "; ".join(missing))
+        too_long = realnode.socket_path_problem(self.state, self.config.real_node_count)
+        if too_long:
+            raise PlatformError(f"real nodes cannot start here: {too_long}")
         started = time.monotonic()
         realnode.record_host(self.state)
         try:

@@ -427,11 +427,31 @@ def load_node(directory: Path) -> RealNode:
                     kubelet_port=record["kubelet_port"], healthz_port=record["healthz_port"])
 
 
+UNIX_SOCKET_PATH_MAX = 107
+
+
+def node_directory(state: Path, index: int) -> Path:
+    return state / "nodes" / f"real-{index}"
+
+
+def socket_path_problem(state: Path, nodes: int) -> str | None:
+    """Why kubelet could not create its unix sockets below the nodes' directories (its --root-dir, where
+    a socket's path may not exceed 107 bytes), naming the fix; None when it can."""
+    deepest = node_directory(state, nodes - 1) / "kubelet" / "device-plugins" / "kubelet.sock"
+    size = len(str(deepest).encode())
+    if size <= UNIX_SOCKET_PATH_MAX:
+        return None
+    longest = len(str(state).encode()) - (size - UNIX_SOCKET_PATH_MAX)
+    return (f"the state directory {state} is too long for kubelet's unix sockets ({deepest} is {size} bytes, at "
+            f"most {UNIX_SOCKET_PATH_MAX}): use one of at most {longest} bytes (STRATA_HOME for make up, "
+            "--state-dir for strata local up)")
+
+
 def prepare_node(state: Path, index: int, pki: Path, kubeconfig_builder, cluster_dns: str | None = None,
                  registry_port: int | None = None) -> RealNode:
     """The node's directory, configs and client certificate (ports allocated once, kept in node.json)."""
     name = f"real-{index}"
-    directory = state / "nodes" / name
+    directory = node_directory(state, index)
     if (directory / "node.json").exists():
         node = load_node(directory)
     else:

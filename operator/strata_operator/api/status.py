@@ -76,7 +76,8 @@ EVENT_CONFIG_INVALID = "StackConfigInvalid"
 EVENT_GIT_AUTH_FAILURE = "StackGitAuthenticationFailure"
 EVENT_INITIALIZATION_FAILURE = "StackInitializationFailure"
 EVENT_OUTPUT_FAILURE = "StackOutputRetrievalFailure"
-EVENT_NOT_FOUND = "StackNotFound"
+# Also an engine result's and lastUpdate's reason: the backend has no such stack.
+EVENT_NOT_FOUND = STACK_NOT_FOUND = "StackNotFound"
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"

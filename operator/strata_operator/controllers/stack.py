@@ -24,9 +24,9 @@ from ..api.stack import (WATCHED_FLUX_KINDS, StackSpec, local_source_issue, misp
                          not_applicable_fields, operator_ref_issues, parse_stack_spec, unused_sources)
 from ..api.status import condition
 from ..api.validation import STALLED_SPEC_INVALID, SpecInvalid
-from ..decisions.planning import (check_prerequisite, drift_check_due, new_revision_verdict, plan_finalize,
-                                  plan_on_prerequisite_outputs, plan_stack, prerequisite_digests, prerequisites_verdict,
-                                  soonest, suspended_verdict, terminating_namespace_message)
+from ..decisions.planning import (check_prerequisite, drift_check_due, ever_deployed, new_revision_verdict,
+                                  plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
+                                  prerequisites_verdict, soonest, suspended_verdict, terminating_namespace_message)
 from ..decisions.rollout import parse_waves
 from ..services import metrics
 from ..services.events import post_event
@@ -294,7 +294,11 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
         metrics.UPDATE_DURATION.labels("destroy", result.outcome).observe(result.duration)
         if result.ok:
             result = await ctx.engine.remove_stack(request)
-        if not result.ok:
+        if result.reason == st.STACK_NOT_FOUND and not ever_deployed(session.status):
+            # Its first update failed before the backend had the stack (a wrong backend or credential, say).
+            post_event(body, st.EVENT_NOT_FOUND, "the stack was never created in its backend (no update of it "
+                       "succeeded): nothing to destroy")
+        elif not result.ok:
             message = f"destroy failed: {result.message}"
             post_event(body, st.EVENT_UPDATE_FAILURE, message, warning=True)
             await session.write(st.Verdict("reconciling", st.RECONCILING_RETRY, message))

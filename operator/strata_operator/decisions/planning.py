@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..api import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
@@ -316,3 +317,10 @@ def missing_service_account(message: str, service_account: str, namespace: str, 
             f"own (fix: set spec.serviceAccountName to a ServiceAccount of namespace {namespace!r} with the rights "
             f"the program needs, e.g. one bound to the ClusterRole `edit` in that namespace; see the README's PKO "
             f"migration notes). The provider said: {message}")
+
+
+def ever_deployed(status: Mapping[str, Any]) -> bool:
+    """Whether any update of the Stack succeeded (so its backend stack exists, or existed): a destroy that
+    finds no such stack in the backend of a Stack never deployed has nothing to destroy."""
+    last = status.get("lastUpdate") or {}
+    return last.get("state") == SUCCEEDED or bool(last.get("lastSuccessfulCommit")) or "outputs" in status

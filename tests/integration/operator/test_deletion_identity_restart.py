@@ -54,6 +54,18 @@ def test_destroy_on_finalize_after_the_program_is_gone(stacks):
     assert not _backend_stack(stacks, "orphan").exists()
 
 
+def test_destroy_on_finalize_of_a_stack_never_created_in_its_backend_releases_it(stacks):
+    """Its updates never created the backend stack (here useLocalStackOnly, elsewhere a wrong backend or
+    credential): there is nothing to destroy, and deleting the Stack must not wait on a destroy for ever."""
+    stacks.program("never", stash_program(a="1"))
+    stacks.create("never", stacks.spec(programRef={"name": "never"}, destroyOnFinalize=True, useLocalStackOnly=True))
+    stacks.wait("never", lambda o: (o.get("status", {}).get("lastUpdate") or {}).get("reason") == "StackNotFound", 90,
+                "its update failed: no such stack")
+    stacks.delete("never")
+    processes.wait_until(lambda: _gone(stacks, "never"), 60, "Stack never released")
+    assert not _backend_stack(stacks, "never").exists()
+
+
 def test_no_destroy_without_the_flag_and_a_clear_stall_when_nothing_can_destroy(stacks):
     stacks.program("kept", stash_program(a="1"))
     stacks.create("kept", stacks.spec(programRef={"name": "kept"}))

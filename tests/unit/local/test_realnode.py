@@ -82,3 +82,13 @@ def test_too_many_real_nodes_is_refused_naming_the_field():
 
     with pytest.raises(ValueError, match="real_nodes"):
         validate_cluster_args({"mode": "local", "local": {"state_dir": "/tmp/x", "real_nodes": 9}})
+
+
+def test_a_state_directory_too_long_for_kubelets_sockets_is_named_with_the_length_that_fits():
+    assert realnode.socket_path_problem(Path("/root/.local/state/strata/platform"), 2) is None
+    state = Path("/tmp/" + "x" * 80)
+    problem = realnode.socket_path_problem(state, 2)
+    assert problem and str(state) in problem and "STRATA_HOME" in problem and "at most 107" in problem
+    fits = int(problem.split("use one of at most ")[1].split()[0])
+    assert realnode.socket_path_problem(Path("/" + "x" * (fits - 1)), 2) is None
+    assert realnode.socket_path_problem(Path("/" + "x" * fits), 2) is not None

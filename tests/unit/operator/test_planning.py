@@ -7,8 +7,9 @@ import pytest
 from strata_operator.decisions.backoff import cooldown_seconds
 from strata_operator.decisions.outputs import combine_digests
 from strata_operator.decisions.planning import (Requests, check_prerequisite, consumed_digest, drift_check_due,
-                                                drift_status, missing_service_account, new_revision_verdict,
-                                                plan_finalize, plan_on_prerequisite_outputs, plan_stack,
+                                                drift_status, ever_deployed, missing_service_account,
+                                                new_revision_verdict, plan_finalize, plan_on_prerequisite_outputs,
+                                                plan_stack,
                                                 prerequisite_digests, prerequisites_verdict, suspended_verdict,
                                                 terminating_namespace_message)
 from strata_operator.api.stack import Prerequisite, Requirement, parse_stack_spec
@@ -359,3 +360,11 @@ def test_drift_status_counts_only_what_changed_outside_pulumi():
     assert drift_status({"same": 3, "update": 1, "delete": 0}, "T") == {"checkedAt": "T", "drifted": True,
                                                                           "changes": {"update": 1}}
     assert drift_status({"same": 3}, "T") == {"checkedAt": "T", "drifted": False, "changes": {}}
+
+
+def test_a_stack_is_deployed_once_any_update_of_it_succeeded():
+    assert not ever_deployed({})
+    assert not ever_deployed({"lastUpdate": {"state": "failed", "lastSuccessfulCommit": ""}})
+    assert ever_deployed({"lastUpdate": {"state": "succeeded"}})
+    assert ever_deployed({"lastUpdate": {"state": "failed", "lastSuccessfulCommit": "abc"}})
+    assert ever_deployed({"lastUpdate": {"state": "failed"}, "outputs": {}})

@@ -32,7 +32,7 @@ from pulumi import automation as auto
 from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, StackAlreadyExistsError, StackNotFoundError,
                                       create_command_error)
 
-from ...api.status import PULUMI_VERSION_TOO_LOW, WORKSPACE_FAILED, is_update_of
+from ...api.status import PULUMI_VERSION_TOO_LOW, STACK_NOT_FOUND, WORKSPACE_FAILED, is_update_of
 from ...decisions.outputs import output_digests, outputs_digest
 from ...services.redaction import Redactor
 from .executor import RESULT_PREFIX
@@ -631,6 +631,8 @@ def failure_result(err: Exception, request: dict[str, Any]) -> dict[str, Any]:
         return {"outcome": "blocked", "message": str(err)}
     if isinstance(err, ConcurrentUpdateError):
         return {"outcome": "conflict", "message": _failure_message(err)}
+    if isinstance(err, StackNotFoundError):
+        return {"outcome": "failed", "reason": STACK_NOT_FOUND, "message": _failure_message(err)}
     plugin = missing_plugin(f"{err}\n{getattr(err, 'output', '')}")
     if plugin is not None:
         cli_dir = os.environ.get("PATH", "").split(os.pathsep)[0]
