@@ -318,8 +318,8 @@ def up(project: Path, base: Path | None = None, timeout: float = DEFAULT_UP_TIME
     run, stack_config = prepare(project, home, env=env, exists=exists, fill=fill)
     credentials, source = backend_credentials(platform)
     say(f"==> checking the {STACK} stack's registry, images, bucket and kubeconfig")
-    problems = check_stack_config(stack_config.get("config") or {}, credentials, source, ensure_bundle(platform.toolchain,
-                                                                                                       say))
+    bundle = ensure_bundle(platform.toolchain, say)
+    problems = check_stack_config(stack_config.get("config") or {}, credentials, source, bundle)
     if problems:
         raise DevStackError(f"{home.stack_config} (from Pulumi.{STACK}.yaml):\n  " + "\n  ".join(problems))
     up_and_wait(run, project, home, stack_config, platform.kubeconfig_path, timeout, started, say,

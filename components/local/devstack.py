@@ -285,10 +285,12 @@ class PulumiRun:
         command = f"pulumi {' '.join(args[:2])}"
         if "incorrect passphrase" in output or "failed to decrypt" in output:
             return (f"`{command}` failed: the passphrase from {passphrase_source(self.home)} does not match the "
-                    f"existing {self.home.stack} stack in {self.home.backend_url} (it was made with another passphrase). "
+                    f"existing {self.home.stack} stack in {self.home.backend_url} (it was made with another "
+                    "passphrase). "
                     f"Way out: run `make down` with the old passphrase (PULUMI_CONFIG_PASSPHRASE=<old> make down), "
                     f"or remove the stale stack with `PULUMI_BACKEND_URL={self.home.backend_url} pulumi stack rm "
-                    f"{self.home.stack} --force --yes --preserve-config` (its local processes: `strata local --state-dir "
+                    f"{self.home.stack} --force --yes --preserve-config` (its local processes: `strata local "
+                    "--state-dir "
                     f"{self.home.platform_dir} down`)")
         return f"`{command}` failed (exit {code}); its output is above"
 
@@ -302,7 +304,7 @@ def prepare(project: Path, home: DevHome, cli: Path | None = None, env: Mapping[
     run = PulumiRun(project, home, {**dev_environment(home), **(env or {})}, cli)
     name = project_name(project)
     salt = known_salt(home, name)
-    if not (checkpoint_path(home, name) is not None if exists is None else exists):
+    if not _stack_exists(home, name, exists):
         # `stack init` writes the new salt beside the project file it finds: let it write into a scratch
         # copy of Pulumi.yaml, never into the working tree.
         with tempfile.TemporaryDirectory(prefix="strata-dev-init-") as scratch:
@@ -313,6 +315,11 @@ def prepare(project: Path, home: DevHome, cli: Path | None = None, env: Mapping[
                 "encryptionsalt")
     write_stack_config(project, home, salt, fill)
     return run, yaml.safe_load(home.stack_config.read_text())
+
+
+def _stack_exists(home: DevHome, project: str, exists: bool | None) -> bool:
+    """`exists` when the caller knows (a backend other than the home's file:// one), else the checkpoint's."""
+    return checkpoint_path(home, project) is not None if exists is None else exists
 
 
 def _describe(home: DevHome, say: Say) -> None:
@@ -368,7 +375,8 @@ def up_and_wait(run: PulumiRun, project: Path, home: DevHome, stack_config: dict
     say(f"  export KUBECONFIG={kubeconfig}")
     say(f"  export PATH={installed().bin('kubectl').parent}:$PATH   # the toolchain's kubectl")
     say("  kubectl get stacks -A        # every layer's Stack")
-    say(f"  make down{home.make_suffix}{' ' * max(0, 19 - len(home.make_suffix))} # destroy it all, local processes included")
+    command = f"make down{home.make_suffix}"
+    say(f"  {command:<28} # destroy it all, local processes included")
 
 
 def operator_blocker(platform_dir: Path, reader: stackwatch.StackReader) -> Callable[[], str]:
@@ -401,12 +409,14 @@ def _raise_unless_ready(verdict: stackwatch.Verdict, states: Mapping[str, stackw
         failed = verdict.failed[0]
         kind, _, where = failed.key.rpartition(" ")
         raise DevStackError(f"{kind or 'Stack'} {where} is Stalled ({failed.reason}): {failed.message}\n"
-                            f"Fix the cause, then `make up{home.make_suffix}` again; see it with `kubectl describe {kind or 'stack'} -n "
+                            f"Fix the cause, then `make up{home.make_suffix}` again; see it with "
+                            f"`kubectl describe {kind or 'stack'} -n "
                             f"{where.replace('/', ' ')}` (KUBECONFIG={kubeconfig}).")
     if not verdict.done:
         waiting = [state.line().strip() for state in states.values() if state.state != "Ready"]
         raise DevStackError(f"not everything was Ready after {format_seconds(timeout)}:\n  "
-                            + "\n  ".join(waiting) + f"\nRaise the limit with `make up{home.make_suffix} TIMEOUT=<seconds>`.")
+                            + "\n  ".join(waiting)
+                            + f"\nRaise the limit with `make up{home.make_suffix} TIMEOUT=<seconds>`.")
 
 
 def down(project: Path, home: DevHome | None = None, force: bool = False,
@@ -420,7 +430,7 @@ def down(project: Path, home: DevHome | None = None, force: bool = False,
     home = home or dev_home()
     name = project_name(project)
     platform = platform or LocalPlatform(PlatformConfig(state_dir=home.platform_dir))
-    if not (checkpoint_path(home, name) is not None if exists is None else exists):
+    if not _stack_exists(home, name, exists):
         say(f"==> no {home.stack} stack in {home.backend_url}: nothing to destroy")
         _stop_platform(platform, home, remove_state=force, say=say)
         return
