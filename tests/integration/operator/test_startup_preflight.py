@@ -5,6 +5,8 @@ and no exit). Each started as `strata operator run` is, under the operator's own
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -148,3 +150,29 @@ def test_the_dev_stacks_operator_gets_the_platforms_kept_ports_shown_by_status(o
     finally:
         provider.delete("id", outs)
     assert processes.running_pid(state / "run", "strata-operator") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and util-linux's unshare for a PID namespace of its own")
+def test_as_a_containers_pid_1_a_sigterm_while_it_starts_stops_it_at_once(operator, platform, tmp_path):
+    """As a pod's PID 1, which the kernel spares any signal it has no handler for: a pod deleted while the
+    operator imports and starts must not wait out its grace period (a clean-clone run waited 180 s)."""
+    argv, env, _ports = _argv(platform, tmp_path)
+    container = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", *argv], env={**os.environ, **env},
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        children = Path(f"/proc/{container.pid}/task/{container.pid}/children")
+        pid_1 = processes.wait_until(lambda: children.read_text().split(), 10, "the namespace's first process")[0]
+        time.sleep(0.5)  # into the imports, well before Kopf's own handlers
+        os.kill(int(pid_1), signal.SIGTERM)
+        started = time.monotonic()
+        try:
+            code = container.wait(timeout=EXIT_WITHIN)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"SIGTERM to the operator as PID 1 while it started: still running {EXIT_WITHIN:.0f} s later")
+        took = time.monotonic() - started
+    finally:
+        container.kill()
+        container.wait()
+    assert took < 10, took
+    assert code != 0 and "Traceback" not in container.stderr.read(), code
