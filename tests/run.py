@@ -38,7 +38,14 @@ def _outcome(testcase: ElementTree.Element) -> str:
     return "passed"
 
 
-def run_pytest(paths: list[str], extra: list[str]) -> tuple[int, dict[str, Counter]]:
+# The slowest tests, printed before the tiers' lines so a run's tail says where its time went.
+SLOWEST_SHOWN = 12
+
+
+def run_pytest(paths: list[str], extra: list[str],
+               durations: list[tuple[float, str]]) -> tuple[int, dict[str, Counter]]:
+    """pytest's exit code and each tier's outcomes; appends each test's (seconds, tier::name) to `durations`
+    (setup and teardown included: a slow fixture is time spent too)."""
     with tempfile.TemporaryDirectory(prefix="strata-tests-") as tmp:
         junit = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", f"--junitxml={junit}",
@@ -48,6 +55,8 @@ def run_pytest(paths: list[str], extra: list[str]) -> tuple[int, dict[str, Count
         if junit.exists():
             for testcase in ElementTree.parse(junit).iter("testcase"):
                 counts.setdefault(_tier_of(testcase), Counter())[_outcome(testcase)] += 1
+                durations.append((float(testcase.get("time", 0)),
+                                  f"{testcase.get('classname', '')}::{testcase.get('name', '')}"))
     return code, counts
 
 
@@ -71,8 +80,9 @@ def main() -> int:
     always = [tier for tier in ALWAYS if tier in tiers]
     failed = False
     counts: dict[str, Counter] = {}
+    durations: list[tuple[float, str]] = []
     if always:
-        code, counts = run_pytest([f"tests/{tier}" for tier in always], ["-q", *args.pytest_args])
+        code, counts = run_pytest([f"tests/{tier}" for tier in always], ["-q", *args.pytest_args], durations)
         if code not in (0, 1):
             print(f"pytest exited with code {code} (5 = no tests collected, 2-4 = usage or internal error)")
             failed = True
@@ -95,7 +105,7 @@ def main() -> int:
         if missing:
             report.append(f"{tier:12} NOT RUN (not counted as passed): missing {'; '.join(missing)}")
             continue
-        code, tier_counts = run_pytest([f"tests/{tier}"], ["-q", *args.pytest_args])
+        code, tier_counts = run_pytest([f"tests/{tier}"], ["-q", *args.pytest_args], durations)
         tally = tier_counts.get(tier, Counter())
         failed |= code != 0 or tally["passed"] == 0
         counts[tier] = tally
@@ -104,6 +114,9 @@ def main() -> int:
     total = Counter()
     for tally in counts.values():
         total.update(tally)
+    print(f"\n==> slowest tests (of {len(durations)}, {sum(d for d, _ in durations) / 60:.1f} min in all)")
+    for seconds, name in sorted(durations, reverse=True)[:SLOWEST_SHOWN]:
+        print(f"  {seconds:7.1f}s  {name}")
     print("\n==> test tiers")
     for line in report:
         print(f"  {line}")
