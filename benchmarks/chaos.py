@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import signal
@@ -38,8 +37,8 @@ from pathlib import Path
 
 from kubernetes import client
 
-from harness import (GROUP, VERSION, Bench, StackWatch, cpu_seconds, engine_runs, is_ready, platform_with_operator,
-                     stash_program)
+from harness import (GROUP, VERSION, Bench, StackWatch, cpu_seconds, engine_runs, is_ready, locks_left,
+                     platform_with_operator, stash_program, write_json)
 from strata_components.local.processes import descendants, wait_until
 
 FAULTS = ("kill", "apiserver", "etcd")
@@ -153,10 +152,6 @@ def round_stacks(bench: Bench, fault: str) -> list[dict] | None:
         return None
 
 
-def locks_left(backends: dict[str, Path]) -> int:
-    return sum(len(list((backend / ".pulumi" / "locks").rglob("*.json"))) for backend in backends.values())
-
-
 def run_phase(bench: Bench, operator: Operator, watch: StackWatch, fault: str, revision: str, count: int,
               rng: random.Random, wall_started: float) -> dict:
     """Wait until the round's `count` Stacks are done with `revision`, striking at random shares of done;
@@ -229,7 +224,7 @@ def phase_figures(phase: dict, backends: dict[str, Path], fault: str, count: int
     return {**phase, "engine_runs": sum(runs.values()), "duplicate_runs": sum(n - 1 for n in runs.values() if n > 1),
             "stacks_run_twice_or_more": sorted(name for name, n in runs.items() if n > 1),
             "stacks_not_run": count - len(runs), "most_runs_of_one_stack": max(runs.values(), default=0),
-            "other_rounds_engine_runs": others, "locks_left": locks_left(backends)}
+            "other_rounds_engine_runs": others, "locks_left": locks_left(list(backends.values()))}
 
 
 def say_phase(fault: str, phase_name: str, figures: dict) -> None:
@@ -250,12 +245,6 @@ def say_events(bench: Bench, names: list[str]) -> None:
             bench.namespace, field_selector=f"involvedObject.name={name}").items, key=lambda e: e.last_timestamp)
         print(f"  {name} ran more than once; its Events: "
               f"{[f'{e.last_timestamp:%H:%M:%S} {e.reason}: {e.message}' for e in events]}", flush=True)
-
-
-def write_json(path: Path | None, figures: dict) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(figures, indent=1))
 
 
 def main() -> None:
@@ -308,7 +297,7 @@ def main() -> None:
         totals = {fault: sum(engine_runs(backend).values()) for fault, backend in backends.items()}
         figures.update({
             "stacks_not_ready": sorted(s["metadata"]["name"] for s in stacks if not is_ready(s)),
-            "engine_runs_per_round": totals, "locks_left": locks_left(backends),
+            "engine_runs_per_round": totals, "locks_left": locks_left(list(backends.values())),
             "operator_restarts": operator.restarts, "operator_own_exits": operator.own_exits,
             "operator_restarts_in_place": operator.leadership_losses(),
             "status_writes": len(watch.status_writes), "other_writes": len(watch.other_writes),

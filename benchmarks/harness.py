@@ -170,15 +170,32 @@ class StackWatch(threading.Thread):
         return [minutes.get(index, 0) for index in range(max(1, int((end - start) // 60)))]
 
 
-def engine_runs(backend: Path, since: float = 0) -> Counter:
-    """Engine runs per stack from a file:// backend's own update history (one file per finished `pulumi up`,
-    whatever the operator logged or recorded), those started at or after `since` (Unix time)."""
-    runs: Counter = Counter()
+def engine_run_starts(backend: Path, since: float = 0) -> dict[str, list[int]]:
+    """When each engine run began, per stack, from a file:// backend's own update history (one file per
+    finished `pulumi up`, whatever the operator logged or recorded): those started at or after `since`
+    (Unix time; the history's startTime is in whole seconds)."""
+    starts: dict[str, list[int]] = {}
     for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json"):
         update = json.loads(entry.read_text())
         if update.get("kind") == "update" and update.get("startTime", 0) >= since:
-            runs[entry.parent.name] += 1
-    return runs
+            starts.setdefault(entry.parent.name, []).append(update["startTime"])
+    return {name: sorted(times) for name, times in starts.items()}
+
+
+def engine_runs(backend: Path, since: float = 0) -> Counter:
+    """Engine runs per stack from the backend's update history (see engine_run_starts)."""
+    return Counter({name: len(times) for name, times in engine_run_starts(backend, since).items()})
+
+
+def locks_left(backends: list[Path]) -> int:
+    """Update locks left in file:// backends (a finished or recovered update leaves none)."""
+    return sum(len(list((backend / ".pulumi" / "locks").rglob("*.json"))) for backend in backends)
+
+
+def write_json(path: Path | None, figures: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(figures, indent=1))
 
 
 def _memory_kb(pid: int, path: str, field: str) -> int:

@@ -31,6 +31,8 @@ from .kubeconfig import build_token_kubeconfig
 OPERATOR_API_PACKAGE = "strata_operator.api"
 PROCESS_NAME = "strata-operator"
 LABELS = {"app.kubernetes.io/name": "strata-operator", "app.kubernetes.io/part-of": "strata"}
+# From SIGTERM to SIGKILL: the operator's drain of its running updates, and Kopf's cancellation after it.
+OPERATOR_STOP_GRACE_SECONDS = SHUTDOWN_DRAIN_SECONDS + 30
 
 
 class OperatorMode(str, Enum):
@@ -275,7 +277,7 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                     **({"tolerations": [dict(t) for t in tolerations]} if tolerations else {}),
                     "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
                     # Running updates finish before the pod goes (an upgrade never cuts one short).
-                    "terminationGracePeriodSeconds": SHUTDOWN_DRAIN_SECONDS + 30,
+                    "terminationGracePeriodSeconds": OPERATOR_STOP_GRACE_SECONDS,
                     "containers": [{
                         "name": "operator", "image": image, "imagePullPolicy": image_pull_policy,
                         "command": CONTAINER_COMMAND,
@@ -388,7 +390,7 @@ class OperatorProcessProvider(pulumi.dynamic.ResourceProvider):
 
     def _stop(self, props: dict[str, Any]) -> None:
         # SIGTERM, then as long as the operator may take to let its running updates finish.
-        _platform(props).stop_controller(props["name"], grace=SHUTDOWN_DRAIN_SECONDS + 30)
+        _platform(props).stop_controller(props["name"], grace=OPERATOR_STOP_GRACE_SECONDS)
         _kubeconfig_path(props).unlink(missing_ok=True)
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:

@@ -26,11 +26,21 @@ PROCESS_NAME = "strata-operator"
 def install_operator_api(kubeconfig: Path, field_manager: str = "strata", executor: str = "process") -> None:
     """CRDs (waited until Established), then the namespace, ServiceAccount and RBAC exactly as the
     Operator component renders them for `executor`, so whatever runs under this identity proves those objects."""
-    from kubernetes import client
-
     from ..operator import build_operator_identity, build_operator_rbac, load_packaged_manifests
 
-    crds = load_packaged_manifests("crds")
+    apply_crds(kubeconfig, load_packaged_manifests("crds"), field_manager)
+    server_side_apply(kubeconfig, [
+        *build_operator_identity(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT),
+        *build_operator_rbac(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, load_packaged_manifests("rbac"),
+                            executor),
+    ], field_manager=field_manager)
+
+
+def apply_crds(kubeconfig: Path, crds: list[dict], field_manager: str = "strata") -> None:
+    """Server-side apply `crds` (new ones, or a new version's schema of existing ones) and wait until
+    every one is Established."""
+    from kubernetes import client
+
     server_side_apply(kubeconfig, crds, field_manager=field_manager)
     with api_client(kubeconfig) as api:
         extensions = client.ApiextensionsV1Api(api)
@@ -41,11 +51,6 @@ def install_operator_api(kubeconfig: Path, field_manager: str = "strata", execut
                            or []) for crd in crds)
 
         processes.wait_until(established, 30, "Stack and Program CRDs established")
-    server_side_apply(kubeconfig, [
-        *build_operator_identity(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT),
-        *build_operator_rbac(OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, load_packaged_manifests("rbac"),
-                            executor),
-    ], field_manager=field_manager)
 
 
 @dataclasses.dataclass
@@ -68,8 +73,9 @@ class OperatorHost:
     def start(self, timeout: float = 90) -> int:
         return self.platform.start_controller(self.process, ready=lambda: http_ok(self.health_url), timeout=timeout)
 
-    def stop(self) -> bool:
-        return self.platform.stop_controller(self.process.name)
+    def stop(self, grace: float = processes.STOP_GRACE_SECONDS) -> bool:
+        """SIGTERM, then SIGKILL after `grace` (OPERATOR_STOP_GRACE_SECONDS lets running updates drain)."""
+        return self.platform.stop_controller(self.process.name, grace)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
