@@ -370,6 +370,8 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
         # The run answered the Flux request it started for, as a run recorded the usual way does.
         answered = {"lastHandledReconcileAt": run.flux_request} if run.flux_request else {}
         await session.write(currentUpdate=None, **answered, **await _succeeded_fields(session, spec, run, result))
+        if run.flux_request:  # this pass plans on next, as the status now stands
+            session.requests = dataclasses.replace(session.requests, flux_handled=run.flux_request)
         return
     message = f"update {run.name} was interrupted (operator restart); {result.message}"
     post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
