@@ -189,6 +189,8 @@ class RunRecord:
     # The program's project name: what a recovery needs to find the run's stack in the backend when the
     # program itself is gone (a stack name need not name its project).
     project: str = ""
+    # Flux's reconcile.fluxcd.io/requestedAt this run answers: a recovery that records the run records it too.
+    flux_request: str = ""
 
     def consumed(self) -> dict[str, Any]:
         return {"prerequisiteDigests": dict(self.prerequisite_digests)} if self.prerequisite_digests else {}
@@ -204,6 +206,7 @@ def current_update(run: RunRecord) -> dict[str, Any]:
         "startTime": rfc3339(run.started),
         "host": run.host,
         **({"project": run.project} if run.project else {}),
+        **({"fluxRequestedAt": run.flux_request} if run.flux_request else {}),
         **run.consumed(),
     }
 
@@ -219,6 +222,7 @@ def run_from_current_update(current: dict[str, Any]) -> RunRecord:
         host=current.get("host", ""),
         prerequisite_digests=tuple(sorted((current.get("prerequisiteDigests") or {}).items())),
         project=current.get("project", ""),
+        flux_request=current.get("fluxRequestedAt", ""),
     )
 
 

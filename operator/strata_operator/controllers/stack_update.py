@@ -235,7 +235,8 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
     ctx = session.ctx
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
-                       started=utc_now(), host=HOST, prerequisite_digests=tuple(sorted(session.consumed.items())))
+                       started=utc_now(), host=HOST, prerequisite_digests=tuple(sorted(session.consumed.items())),
+                       flux_request=session.requests.flux)
     stack_dir = stack_state_dir(ctx, session.namespace, session.name)
     run_dir = stack_dir / "runs" / run.name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -352,16 +353,25 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
     if not current or session.ctx.engine.busy(session.key):
         return
     run = st.run_from_current_update(current)
-    project = _recovery_project(stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful",
-                                run.project)
-    request = await update_request(session.ctx, spec, session.namespace, session.name, project, resolved, project)
-    request = dataclasses.replace(request, interrupted_host=run.host, interrupted_since=run.started.timestamp(),
-                                  interrupted_run=run.name if run.kind == "up" else "")
-    result = await session.ctx.engine.recover(request)
+    last_successful = stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful"
+    project = _recovery_project(last_successful, run.project)
+    try:
+        request = await update_request(session.ctx, spec, session.namespace, session.name, project, resolved,
+                                       project)
+        request = dataclasses.replace(request, interrupted_host=run.host, interrupted_since=run.started.timestamp(),
+                                      interrupted_run=run.name if run.kind == "up" else "")
+        result = await session.ctx.engine.recover(request)
+    finally:
+        if project != last_successful:
+            shutil.rmtree(project, ignore_errors=True)
     if result.finished:
         session.logger.info("update %s of %s/%s had finished before the operator lost it: recorded, not run again",
-                    run.name, session.namespace, session.name)
-        await session.write(currentUpdate=None, **await _succeeded_fields(session, spec, run, result))
+                            run.name, session.namespace, session.name)
+        # The run answered the Flux request it started for, as a run recorded the usual way does.
+        answered = {"lastHandledReconcileAt": run.flux_request} if run.flux_request else {}
+        await session.write(currentUpdate=None, **answered, **await _succeeded_fields(session, spec, run, result))
+        if run.flux_request:  # this pass plans on next, as the status now stands
+            session.requests = dataclasses.replace(session.requests, flux_handled=run.flux_request)
         return
     message = f"update {run.name} was interrupted (operator restart); {result.message}"
     post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)

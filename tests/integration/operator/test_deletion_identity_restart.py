@@ -142,17 +142,19 @@ def _updates_in_history(stacks, project: str) -> list[dict]:
 def test_an_update_that_finished_while_its_status_write_was_lost_is_recorded_not_run_again(stacks, operator):
     """What an API-server outage leaves (the update succeeded, its status write failed, the operator lost
     its Lease): currentUpdate still names the run. The next operator finds that run's update in the
-    backend's history and records it: one engine run, not two."""
+    backend's history and records it, with the Flux request it answered: one engine run, not two."""
     stacks.program("lost", {"resources": {f"s{i}": {"type": "pulumi:index:Stash", "properties": {"input": i}}
                                           for i in range(60)}, "outputs": {"last": "${s59.input}"}})
-    stacks.create("lost", stacks.spec(programRef={"name": "lost"}))
+    flux_request = {"reconcile.fluxcd.io/requestedAt": "2026-11-26T23:00:00Z"}
+    stacks.create("lost", stacks.spec(programRef={"name": "lost"}), annotations=flux_request)
     running = processes.wait_until(lambda: (stacks.get("lost") or {}).get("status", {}).get("currentUpdate"), 60,
                                    "the update to start", interval=0.05)
     ready = stacks.wait_ready("lost", 120)
     assert len(_updates_in_history(stacks, "lost")) == 1
+    assert ready["status"]["lastHandledReconcileAt"] == running["fluxRequestedAt"] == "2026-11-26T23:00:00Z"
     operator.kill()
     stacks.custom.patch_namespaced_custom_object_status(GROUP, VERSION, stacks.namespace, "stacks", "lost", {
-        "status": {"currentUpdate": running, "lastUpdate": None, "outputs": None}})
+        "status": {"currentUpdate": running, "lastUpdate": None, "outputs": None, "lastHandledReconcileAt": None}})
 
     operator.start()
     obj = stacks.wait(
@@ -160,6 +162,8 @@ def test_an_update_that_finished_while_its_status_write_was_lost_is_recorded_not
         120, "Ready with the lost run recorded")
     assert obj["status"]["lastUpdate"]["name"] == running["name"] == ready["status"]["lastUpdate"]["name"]
     assert obj["status"]["outputs"] == {"last": 59} and not obj["status"].get("currentUpdate")
+    assert obj["status"]["lastHandledReconcileAt"] == "2026-11-26T23:00:00Z"
+    eventually_constant(lambda: stacks.runs("lost"), 5)
     assert len(_updates_in_history(stacks, "lost")) == 1, "the finished update ran a second time"
     assert stacks.runs("lost") == 1
     assert not [e for e in stacks.events("lost", "StackUpdateFailure") if "interrupted" in e.message]

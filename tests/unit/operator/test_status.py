@@ -64,10 +64,10 @@ def test_drifted_sits_beside_the_verdict_and_survives_new_verdicts():
     assert [c["type"] for c in with_drifted(again, False, "", 2, T0)] == ["Ready", "Reconciling"]
 
 
-def test_a_runs_record_survives_status_with_its_project_and_what_it_consumed():
+def test_a_runs_record_survives_status_with_its_project_flux_request_and_what_it_consumed():
     run = RunRecord(name="app-1a2b", kind="up", generation=3, reconcile_request="r", commit="abc",
                     started=datetime(2026, 11, 26, tzinfo=timezone.utc), host="op-0",
-                    prerequisite_digests=(("infra", "d1"),), project="app")
+                    prerequisite_digests=(("infra", "d1"),), project="app", flux_request="2026-11-26T23:00:00Z")
     assert run_from_current_update(current_update(run)) == run
 
 
