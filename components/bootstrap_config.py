@@ -148,6 +148,18 @@ def backend_credentials_env_refs(secret_name: str) -> dict[str, Any]:
     return {key: {"type": "Secret", "secret": {"name": secret_name, "key": key}} for key in BACKEND_CREDENTIAL_KEYS}
 
 
+def validate_team_buckets(settings: dict[str, Any], teams: list[dict[str, Any]]) -> None:
+    """With the object store's credentials for the platform (`backendSecret`, an s3:// backend at an
+    S3-compatible endpoint) the platform layer gives each team a bucket named after it: a team name that
+    makes a bucket name S3 refuses is an error here, naming the entry (strata:teams[i]), not later in the
+    platform Stack."""
+    backend = settings.get("backend", "")
+    if "backendSecret" not in settings or not backend.startswith("s3://") or not s3.backend_endpoint(backend):
+        return
+    for index, team in enumerate(teams):
+        s3.team_bucket(s3.backend_bucket(backend), team["name"], f"strata:teams[{index}] ({team['name']})")
+
+
 def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
                         published: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None,
                         namespace: str | None = None, sync_path: str | None = None) -> StackSpec:
