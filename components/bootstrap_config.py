@@ -196,6 +196,10 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
     if "backendSecret" in settings:
         # An object-store backend: its credentials from that Secret, beside the passphrase.
         spec["env_refs"].update(backend_credentials_env_refs(settings["backendSecret"]))
+        # With them the platform mints each team's state credentials, re-minted at half their lifetime (30
+        # days) by a platform run: one a day, whether or not its commit changed.
+        spec["continue_resync_on_commit_match"] = True
+        spec["resync_frequency_seconds"] = 86400
     if "backend" in settings:
         backend = resolve_backend_url(settings["backend"])
         spec["backend"] = backend

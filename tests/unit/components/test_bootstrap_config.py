@@ -113,6 +113,8 @@ def test_an_object_store_backend_gives_the_platform_stack_its_credentials_by_sec
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         assert spec["env_refs"][key] == {"type": "Secret", "secret": {"name": "strata-object-store", "key": key}}
     assert "AWS_ACCESS_KEY_ID" not in platform_stack_spec({"repo": "r"}, "o/s/p", [])["env_refs"]
+    # It runs daily, so the teams' state credentials it mints are rotated in time.
+    assert spec["continue_resync_on_commit_match"] is True and spec["resync_frequency_seconds"] == 86400
 
 
 def test_a_team_name_too_long_for_its_state_bucket_is_named_at_the_bootstrap():
