@@ -25,12 +25,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handoff_program
 from strata_components import s3
+from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handoff_program
 from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, ClusterAccess, handoff_stack,
                                      read_cluster_access, team_backend, team_passphrase)
 from strata_components.stack import Program
@@ -136,7 +137,7 @@ def read_settings(config: pulumi.Config) -> PlatformSettings:
         store_credentials=read_store_credentials(os.environ))
 
 
-def read_store_credentials(environ) -> pulumi.Output[dict[str, str]] | None:
+def read_store_credentials(environ: Mapping[str, str]) -> pulumi.Output[dict[str, str]] | None:
     """The object store's credentials the platform Stack's envRefs put in its environment, kept secret."""
     keys = s3.CREDENTIAL_ENV[:2]  # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
     if not all(environ.get(key) for key in keys):
