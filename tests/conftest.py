@@ -1,14 +1,19 @@
 """Fixtures shared by the tiers: the toolchain, one local platform per session, a namespace per test,
-and an environment for the real pulumi CLI (file:// backend, passphrase secrets)."""
+an environment for the real pulumi CLI (file:// backend, passphrase secrets), and MinIO on loopback."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import subprocess
 import tempfile
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +21,8 @@ from strata_components.local.platform import LocalPlatform, PlatformConfig, Plat
 from strata_components.local.toolchain import Toolchain, installed
 
 TEST_PASSPHRASE = "strata-test-passphrase"
+# The platform's bucket in the `object_store` fixture's MinIO.
+OBJECT_STORE_BUCKET = "pulumi-state"
 
 
 @pytest.fixture(scope="session")
@@ -91,3 +98,43 @@ def file_backend(tmp_path: Path) -> str:
     state = tmp_path / "state"
     state.mkdir()
     return f"file://{state}"
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """MinIO from the toolchain as the cluster profile runs it (root credentials in its environment), on
+    127.0.0.1 with the bucket OBJECT_STORE_BUCKET: its endpoint URL and root credentials. Skipped, naming
+    the command, where MinIO is not built (it belongs to the cluster profile's toolchain)."""
+    from strata_components import s3
+    from strata_components.local.processes import free_ports
+    from strata_components.local.toolchain import ToolchainError
+
+    try:
+        minio = installed(["minio"]).bin("minio")
+    except ToolchainError as error:
+        pytest.skip(str(error))
+    directory = tmp_path_factory.mktemp("objectstore")
+    port = free_ports(1)[0]
+    root = s3.Credentials(f"strata-{secrets.token_hex(6)}", secrets.token_urlsafe(30))
+    process = subprocess.Popen(
+        [str(minio), "server", str(directory / "data"), f"--address=127.0.0.1:{port}",
+         f"--certs-dir={directory / 'certs'}", "--quiet"],
+        env={"PATH": os.environ["PATH"], "HOME": str(directory), "MINIO_ROOT_USER": root.access_key_id,
+             "MINIO_ROOT_PASSWORD": root.secret_access_key, "MINIO_BROWSER": "off", "MINIO_UPDATE": "off",
+             "MINIO_CALLHOME_ENABLE": "off"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/minio/health/ready", timeout=2)
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, "MinIO did not start"
+                time.sleep(0.2)
+        s3.ensure_bucket(endpoint, OBJECT_STORE_BUCKET, root)
+        yield endpoint, root
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

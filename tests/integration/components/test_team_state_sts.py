@@ -6,58 +6,17 @@ beta's and on the platform's."""
 from __future__ import annotations
 
 import datetime
-import os
-import secrets
 import subprocess
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from strata_components import s3
-from strata_components.local.processes import free_ports
-from strata_components.local.toolchain import ToolchainError, installed
 from strata_components.team_state import TeamStateCredentialsProvider
 
-PLATFORM_BUCKET = "pulumi-state"
+from tests.conftest import OBJECT_STORE_BUCKET as PLATFORM_BUCKET
 PROJECT = "name: team-state\nruntime: yaml\nresources:\n  note:\n    type: pulumi:index:Stash\n" \
           "    properties:\n      input: alpha\n"
-
-
-@pytest.fixture(scope="module")
-def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, s3.Credentials]]:
-    """MinIO as the cluster profile runs it (root credentials in its environment), on 127.0.0.1."""
-    try:
-        minio = installed(["minio"]).bin("minio")
-    except ToolchainError as error:
-        pytest.skip(str(error))
-    directory = tmp_path_factory.mktemp("objectstore")
-    port = free_ports(1)[0]
-    root = s3.Credentials(f"strata-{secrets.token_hex(6)}", secrets.token_urlsafe(30))
-    process = subprocess.Popen(
-        [str(minio), "server", str(directory / "data"), f"--address=127.0.0.1:{port}",
-         f"--certs-dir={directory / 'certs'}", "--quiet"],
-        env={"PATH": os.environ["PATH"], "HOME": str(directory), "MINIO_ROOT_USER": root.access_key_id,
-             "MINIO_ROOT_PASSWORD": root.secret_access_key, "MINIO_BROWSER": "off", "MINIO_UPDATE": "off",
-             "MINIO_CALLHOME_ENABLE": "off"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/minio/health/ready", timeout=2)
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, "MinIO did not start"
-                time.sleep(0.2)
-        s3.ensure_bucket(endpoint, PLATFORM_BUCKET, root)
-        yield endpoint, root
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def _props(endpoint: str, root: s3.Credentials, team: str, lifetime: int = 3600) -> dict:
