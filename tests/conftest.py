@@ -6,10 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import subprocess
 import tempfile
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,7 +103,8 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
     127.0.0.1 with the bucket OBJECT_STORE_BUCKET: its endpoint URL and root credentials. Skipped, naming
     the command, where MinIO is not built (it belongs to the cluster profile's toolchain)."""
     from strata_components import s3
-    from strata_components.local.processes import free_ports
+    from strata_components.local import objectstore, processes
+    from strata_components.local.kube import http_ok
     from strata_components.local.toolchain import ToolchainError
 
     try:
@@ -114,27 +112,16 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
     except ToolchainError as error:
         pytest.skip(str(error))
     directory = tmp_path_factory.mktemp("objectstore")
-    port = free_ports(1)[0]
+    port = processes.free_ports(1)[0]
     root = s3.Credentials(f"strata-{secrets.token_hex(6)}", secrets.token_urlsafe(30))
-    process = subprocess.Popen(
-        [str(minio), "server", str(directory / "data"), f"--address=127.0.0.1:{port}",
-         f"--certs-dir={directory / 'certs'}", "--quiet"],
-        env={"PATH": os.environ["PATH"], "HOME": str(directory), "MINIO_ROOT_USER": root.access_key_id,
-             "MINIO_ROOT_PASSWORD": root.secret_access_key, "MINIO_BROWSER": "off", "MINIO_UPDATE": "off",
-             "MINIO_CALLHOME_ENABLE": "off"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = objectstore.object_store_process(minio, directory, port, (root.access_key_id, root.secret_access_key),
+                                             address="127.0.0.1")
     endpoint = f"http://127.0.0.1:{port}"
+    processes.start(store, directory / "run", directory / "logs")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/minio/health/ready", timeout=2)
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, "MinIO did not start"
-                time.sleep(0.2)
+        processes.wait_until(lambda: http_ok(f"{endpoint}/minio/health/ready"), 60, "MinIO on loopback",
+                             log=directory / "logs" / f"{store.name}.log")
         s3.ensure_bucket(endpoint, OBJECT_STORE_BUCKET, root)
         yield endpoint, root
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        processes.stop(directory / "run", store.name)

@@ -57,10 +57,12 @@ def read_credentials(path: Path) -> tuple[str, str]:
     return section["aws_access_key_id"], section["aws_secret_access_key"]
 
 
-def object_store_process(binary: Path, directory: Path, port: int, credentials: tuple[str, str]) -> HostProcess:
-    """MinIO keeping everything under `directory` (data/, certs/: not ~/.minio), credentials in its environment."""
+def object_store_process(binary: Path, directory: Path, port: int, credentials: tuple[str, str],
+                         address: str = NODE_ADDRESS) -> HostProcess:
+    """MinIO keeping everything under `directory` (data/, certs/: not ~/.minio), credentials in its environment;
+    on the address pods reach (the tests' own store listens on loopback)."""
     access_key, secret_key = credentials
-    return HostProcess(PROCESS, [str(binary), "server", str(directory / "data"), f"--address={NODE_ADDRESS}:{port}",
+    return HostProcess(PROCESS, [str(binary), "server", str(directory / "data"), f"--address={address}:{port}",
                                  f"--certs-dir={directory / 'certs'}", "--quiet"],
                        env={"MINIO_ROOT_USER": access_key, "MINIO_ROOT_PASSWORD": secret_key,
                             "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "MINIO_CALLHOME_ENABLE": "off"})
