@@ -14,7 +14,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from strata_components.bootstrap_config import (BACKEND_CREDENTIAL_KEYS, cluster_args, flux_args, flux_sync_args,
-                                                operator_args, platform_stack_spec, project_repo_args)
+                                                operator_args, platform_stack_spec, project_repo_args,
+                                                validate_team_buckets)
 from strata_components.cluster import Cluster
 from strata_components.flux import Flux, FluxSync
 from strata_components.layers import PASSPHRASE_SECRET, this_stack
@@ -53,6 +54,7 @@ if platform_settings:
     # Each team's GitOps directory must be in the repository Flux syncs: a missing one is named here, not
     # found later as a failing Kustomization.
     validate_teams(teams, "strata:teams", repo_args["source_dir"] if repo_args else None, sync_path)
+    validate_team_buckets(platform_settings, teams)
     if repo_args is not None:
         # The operator runs programs/platform from git: publish this project to the platform's git server.
         repo = ProjectRepo("project-repo", repo_args)

@@ -17,6 +17,7 @@ import pulumi_kubernetes as k8s
 
 from .cluster import DEFAULT_HOST_CONTROLLERS, ClusterArgs
 from .flux import FluxArgs, FluxSyncComponentArgs
+from . import s3
 from .layers import PASSPHRASE_SECRET
 from .operator import OperatorArgs
 from .project_repo import ProjectRepoArgs
@@ -137,14 +138,26 @@ def resolve_backend_url(url: str) -> str:
     return url
 
 
-# What Pulumi's s3:// backend reads its credentials from (the AWS SDK's environment variables).
-BACKEND_CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# What Pulumi's s3:// backend reads long-lived credentials from (the AWS SDK's environment variables).
+BACKEND_CREDENTIAL_KEYS = s3.CREDENTIAL_ENV[:2]
 
 
 def backend_credentials_env_refs(secret_name: str) -> dict[str, Any]:
     """The envRefs that hand a Stack's updates the object store's credentials from the Secret `secret_name`
     of its namespace (never their values: the Stack names the Secret, the kubelet or operator reads it)."""
     return {key: {"type": "Secret", "secret": {"name": secret_name, "key": key}} for key in BACKEND_CREDENTIAL_KEYS}
+
+
+def validate_team_buckets(settings: dict[str, Any], teams: list[dict[str, Any]]) -> None:
+    """With the object store's credentials for the platform (`backendSecret`, an s3:// backend at an
+    S3-compatible endpoint) the platform layer gives each team a bucket named after it: a team name that
+    makes a bucket name S3 refuses is an error here, naming the entry (strata:teams[i]), not later in the
+    platform Stack."""
+    backend = settings.get("backend", "")
+    if "backendSecret" not in settings or not backend.startswith("s3://") or not s3.backend_endpoint(backend):
+        return
+    for index, team in enumerate(teams):
+        s3.team_bucket(s3.backend_bucket(backend), team["name"], f"strata:teams[{index}] ({team['name']})")
 
 
 def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
@@ -183,6 +196,10 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
     if "backendSecret" in settings:
         # An object-store backend: its credentials from that Secret, beside the passphrase.
         spec["env_refs"].update(backend_credentials_env_refs(settings["backendSecret"]))
+        # With them the platform mints each team's state credentials, re-minted at half their lifetime (30
+        # days) by a platform run: one a day, whether or not its commit changed.
+        spec["continue_resync_on_commit_match"] = True
+        spec["resync_frequency_seconds"] = 86400
     if "backend" in settings:
         backend = resolve_backend_url(settings["backend"])
         spec["backend"] = backend

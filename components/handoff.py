@@ -10,6 +10,7 @@ are what the team's app stack reads by StackReference with the same team passphr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
 
 import pulumi
@@ -18,6 +19,7 @@ from typing_extensions import NotRequired
 
 from .layers import HANDOFF_PROJECT, handoff_stack
 from .stack import Program, ProgramBody, Stack, StackSpec
+from .team_state import credential_env_refs
 
 
 class TeamHandoffArgs(TypedDict):
@@ -37,6 +39,9 @@ class TeamHandoffArgs(TypedDict):
     """The hand-off Program (`build_handoff_program`), named HANDOFF_PROJECT, in `namespace`."""
     backend: NotRequired[str]
     """State backend URL shared with the team's app stack."""
+    state_credentials: NotRequired[pulumi.Input[Mapping[str, str]]]
+    """The team's own credentials for that backend, as environment variables (secret): kept in the hand-off
+    Secret beside the passphrase, and handed to the hand-off Stack's updates through envRefs."""
 
 
 def build_handoff_program() -> ProgramBody:
@@ -51,9 +56,11 @@ def handoff_names(team: str) -> dict[str, str]:
     return {"secret": f"team-{team}-handoff", "stack": f"team-{team}-handoff"}
 
 
-def build_handoff_stack_spec(team: str, team_namespace: str, backend: str | None = None) -> StackSpec:
+def build_handoff_stack_spec(team: str, team_namespace: str, backend: str | None = None,
+                             state_credentials: bool = False) -> StackSpec:
     """The Stack spec of a team's hand-off stack: the Program, the kubeconfig from the hand-off Secret as
-    secret config, and the team passphrase from it as the stack's passphrase."""
+    secret config, and the team passphrase from it as the stack's passphrase; with `state_credentials`,
+    the team's backend credentials from it too."""
     secret = handoff_names(team)["secret"]
     spec: StackSpec = {
         "stack": handoff_stack(team),
@@ -66,6 +73,8 @@ def build_handoff_stack_spec(team: str, team_namespace: str, backend: str | None
     if backend:
         spec["backend"] = backend
         spec["secrets_provider"] = "passphrase"
+    if state_credentials:
+        spec["env_refs"].update(credential_env_refs(secret))
     return spec
 
 
@@ -86,12 +95,14 @@ class TeamHandoff(pulumi.ComponentResource):
         secret = k8s.core.v1.Secret(
             f"{name}-secret",
             metadata={"name": names["secret"], "namespace": args["namespace"], "labels": {"strata.dev/team": team}},
-            string_data={"kubeconfig": pulumi.Output.secret(args["kubeconfig"]),
-                         "passphrase": pulumi.Output.secret(args["passphrase"])},
+            string_data=pulumi.Output.secret(pulumi.Output.all(
+                args["kubeconfig"], args["passphrase"], args.get("state_credentials", {})).apply(
+                lambda values: {"kubeconfig": values[0], "passphrase": values[1], **values[2]})),
             opts=child)
         Stack(f"{name}-stack", {"namespace": args["namespace"], "name": names["stack"],
                                 "labels": {"strata.dev/team": team},
-                                "spec": build_handoff_stack_spec(team, args["team_namespace"], args.get("backend"))},
+                                "spec": build_handoff_stack_spec(team, args["team_namespace"], args.get("backend"),
+                                                                 "state_credentials" in args)},
               pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[secret, args["program"]])))
         self.stack = pulumi.Output.from_input(handoff_stack(team))
         self.secret = secret.metadata.name

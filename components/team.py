@@ -21,6 +21,7 @@ from .kubeconfig import build_token_kubeconfig
 from .layers import PASSPHRASE_SECRET, this_stack
 from .stack import Stack, StackSpec
 from .team_entries import CREATED_BY_STACK, team_names
+from .team_state import DEFAULT_LIFETIME_SECONDS, STATE_CREDENTIALS_SECRET, TeamStateCredentials
 
 READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
@@ -64,6 +65,18 @@ class TeamStackArgs(TypedDict):
     """Any further Stack fields (refresh, env_refs, secrets_ref, ...)."""
 
 
+class TeamStateArgs(TypedDict):
+    endpoint: str
+    """S3 endpoint of the object store holding the team's state (http:// or https://)."""
+    bucket: str
+    """The team's own state bucket there (created if missing)."""
+    store_credentials: pulumi.Input[Mapping[str, str]]
+    """The object store's credentials, {access_key_id, secret_access_key} (secret): they create the bucket and
+    mint the team's; the team never gets them."""
+    lifetime_seconds: NotRequired[int]
+    """How long the team's credentials are valid (default 30 days); re-minted once half of it has passed."""
+
+
 class TeamEnvironmentArgs(TypedDict):
     provider: k8s.Provider
     """Provider of the cluster, with rights to create namespaces and RBAC."""
@@ -89,6 +102,10 @@ class TeamEnvironmentArgs(TypedDict):
     """The team's state passphrase, as the Secret `strata-pulumi-passphrase` in its namespace, which its
     Stacks decrypt their state with (secret). Its sync and Stack come down before it, so their destroys
     still have it."""
+    state: NotRequired[TeamStateArgs]
+    """State of the team's own in an object store: its bucket, and credentials reaching only that bucket
+    as the Secret `strata-state-credentials` in its namespace (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_SESSION_TOKEN), which its Stacks name in their envRefs."""
 
 
 def build_team_rules() -> list[dict[str, Any]]:
@@ -215,6 +232,8 @@ class TeamEnvironment(pulumi.ComponentResource):
     """Kubeconfig of the team's ServiceAccount (secret)."""
     token: pulumi.Output[str]
     """The ServiceAccount's bearer token (secret)."""
+    state_credentials: pulumi.Output[dict[str, str]] | None
+    """With `state`: the team's state credentials as environment variables (secret), for its hand-off Stack."""
 
     def __init__(self, name: str, args: TeamEnvironmentArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("strata:index:TeamEnvironment", name, {}, opts)
@@ -237,6 +256,23 @@ class TeamEnvironment(pulumi.ComponentResource):
             created["passphrase"] = k8s.core.v1.Secret(
                 f"{name}-passphrase", metadata={"name": PASSPHRASE_SECRET, "namespace": names["namespace"]},
                 string_data={"passphrase": args["passphrase"]},
+                opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace_resource])))
+        self.state_credentials = None
+        if "state" in args:
+            state = args["state"]
+            credentials = TeamStateCredentials(
+                f"{name}-state", endpoint=state["endpoint"], bucket=state["bucket"],
+                store_credentials=state["store_credentials"],
+                lifetime_seconds=state.get("lifetime_seconds", DEFAULT_LIFETIME_SECONDS),
+                opts=pulumi.ResourceOptions(parent=self))
+            self.state_credentials = credentials.environment()
+            # Rotated credentials replace the Secret's data; the expiration shows without reading it.
+            created["state-credentials"] = k8s.core.v1.Secret(
+                f"{name}-state-credentials",
+                metadata={"name": STATE_CREDENTIALS_SECRET, "namespace": names["namespace"],
+                          "labels": {"strata.dev/team": team},
+                          "annotations": {"strata.dev/expires": credentials.expiration}},
+                string_data=self.state_credentials,
                 opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace_resource])))
 
         self.token = pulumi.Output.secret(token_secret.data.apply(token_from_secret_data))
@@ -262,4 +298,5 @@ class TeamEnvironment(pulumi.ComponentResource):
         self.namespace = namespace_resource.metadata.name
         self.service_account = pulumi.Output.from_input(names["service_account"])
         self.register_outputs({"namespace": self.namespace, "service_account": self.service_account,
-                               "kubeconfig": self.kubeconfig, "token": self.token})
+                               "kubeconfig": self.kubeconfig, "token": self.token,
+                               "state_credentials": self.state_credentials})

@@ -1,14 +1,16 @@
 """Fixtures shared by the tiers: the toolchain, one local platform per session, a namespace per test,
-and an environment for the real pulumi CLI (file:// backend, passphrase secrets)."""
+an environment for the real pulumi CLI (file:// backend, passphrase secrets), and MinIO on loopback."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,8 @@ from strata_components.local.platform import LocalPlatform, PlatformConfig, Plat
 from strata_components.local.toolchain import Toolchain, installed
 
 TEST_PASSPHRASE = "strata-test-passphrase"
+# The platform's bucket in the `object_store` fixture's MinIO.
+OBJECT_STORE_BUCKET = "pulumi-state"
 
 
 @pytest.fixture(scope="session")
@@ -91,3 +95,33 @@ def file_backend(tmp_path: Path) -> str:
     state = tmp_path / "state"
     state.mkdir()
     return f"file://{state}"
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
+    """MinIO from the toolchain as the cluster profile runs it (root credentials in its environment), on
+    127.0.0.1 with the bucket OBJECT_STORE_BUCKET: its endpoint URL and root credentials. Skipped, naming
+    the command, where MinIO is not built (it belongs to the cluster profile's toolchain)."""
+    from strata_components import s3
+    from strata_components.local import objectstore, processes
+    from strata_components.local.kube import http_ok
+    from strata_components.local.toolchain import ToolchainError
+
+    try:
+        minio = installed(["minio"]).bin("minio")
+    except ToolchainError as error:
+        pytest.skip(str(error))
+    directory = tmp_path_factory.mktemp("objectstore")
+    port = processes.free_ports(1)[0]
+    root = s3.Credentials(f"strata-{secrets.token_hex(6)}", secrets.token_urlsafe(30))
+    store = objectstore.object_store_process(minio, directory, port, (root.access_key_id, root.secret_access_key),
+                                             address="127.0.0.1")
+    endpoint = f"http://127.0.0.1:{port}"
+    processes.start(store, directory / "run", directory / "logs")
+    try:
+        processes.wait_until(lambda: http_ok(f"{endpoint}/minio/health/ready"), 60, "MinIO on loopback",
+                             log=directory / "logs" / f"{store.name}.log")
+        s3.ensure_bucket(endpoint, OBJECT_STORE_BUCKET, root)
+        yield endpoint, root
+    finally:
+        processes.stop(directory / "run", store.name)

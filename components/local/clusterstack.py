@@ -21,10 +21,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import yaml
 
+from .. import s3
 from ..bootstrap_config import BACKEND_CREDENTIAL_KEYS
 from ..project_repo import DEFAULT_INCLUDE, collect_files, publish
 from strata_operator.decisions.lease import DEFAULT_LEASE_NAME
@@ -145,7 +146,7 @@ def bucket_problem(field: str, backend: str, answer: int | str, credentials: str
 
 def backend_endpoint(backend: str) -> str:
     """The endpoint of an s3:// backend URL (`endpoint=`), else AWS's."""
-    return (parse_qs(urlsplit(backend).query).get("endpoint") or ["https://s3.amazonaws.com"])[0]
+    return s3.backend_endpoint(backend) or "https://s3.amazonaws.com"
 
 
 def flux_images(bundle: Path, version: str, components: Iterable[str], registry_path: str) -> list[str]:

@@ -14,19 +14,16 @@ A Stack uses it as `s3://<bucket>?endpoint=http://10.88.0.1:<port>&use_path_styl
 from __future__ import annotations
 
 import configparser
-import datetime
-import hashlib
-import hmac
-import http.client
 import secrets
 from pathlib import Path
 
+from .. import s3
 from .kube import write_private
 from .processes import HostProcess
 from .realnode import NODE_ADDRESS
 
 PROCESS = "object-store"
-REGION = "us-east-1"
+REGION = s3.REGION
 DEFAULT_BUCKET = "pulumi-state"
 CREDENTIALS_PROFILE = "default"
 
@@ -60,33 +57,15 @@ def read_credentials(path: Path) -> tuple[str, str]:
     return section["aws_access_key_id"], section["aws_secret_access_key"]
 
 
-def object_store_process(binary: Path, directory: Path, port: int, credentials: tuple[str, str]) -> HostProcess:
-    """MinIO keeping everything under `directory` (data/, certs/: not ~/.minio), credentials in its environment."""
+def object_store_process(binary: Path, directory: Path, port: int, credentials: tuple[str, str],
+                         address: str = NODE_ADDRESS) -> HostProcess:
+    """MinIO keeping everything under `directory` (data/, certs/: not ~/.minio), credentials in its environment;
+    on the address pods reach (the tests' own store listens on loopback)."""
     access_key, secret_key = credentials
-    return HostProcess(PROCESS, [str(binary), "server", str(directory / "data"), f"--address={NODE_ADDRESS}:{port}",
+    return HostProcess(PROCESS, [str(binary), "server", str(directory / "data"), f"--address={address}:{port}",
                                  f"--certs-dir={directory / 'certs'}", "--quiet"],
                        env={"MINIO_ROOT_USER": access_key, "MINIO_ROOT_PASSWORD": secret_key,
                             "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "MINIO_CALLHOME_ENABLE": "off"})
-
-
-def _sign(method: str, host: str, path: str, credentials: tuple[str, str], now: datetime.datetime,
-          payload: bytes = b"") -> dict[str, str]:
-    """AWS Signature Version 4 headers for a request without a query string (what bucket calls need)."""
-    access_key, secret_key = credentials
-    stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-    payload_hash = hashlib.sha256(payload).hexdigest()
-    headers = {"host": host, "x-amz-content-sha256": payload_hash, "x-amz-date": stamp}
-    signed = ";".join(sorted(headers))
-    canonical = "\n".join([method, path, "", *(f"{k}:{headers[k]}" for k in sorted(headers)), "", signed,
-                           payload_hash])
-    scope = f"{day}/{REGION}/s3/aws4_request"
-    to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-    key = f"AWS4{secret_key}".encode()
-    for part in (day, REGION, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    return {**headers, "Authorization": f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-                                        f"SignedHeaders={signed}, Signature={signature}"}
 
 
 def _call(port: int, method: str, path: str, credentials: tuple[str, str]) -> tuple[int, str]:
@@ -101,23 +80,11 @@ def head_bucket(endpoint_url: str, bucket: str, credentials: tuple[str, str]) ->
 
 def _call_endpoint(endpoint_url: str, method: str, path: str, credentials: tuple[str, str],
                    timeout: float = 30) -> tuple[int, str]:
-    scheme, _, host = endpoint_url.partition("://")
-    headers = _sign(method, host, path, credentials, datetime.datetime.now(datetime.UTC))
-    connection = (http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection)(host, timeout=timeout)
     try:
-        connection.request(method, path, headers=headers)
-        response = connection.getresponse()
-        return response.status, response.read().decode(errors="replace")
+        return s3.request(endpoint_url, method, path, s3.Credentials(*credentials), timeout=timeout)
     except OSError as error:
-        raise ObjectStoreError(f"object store {host} unreachable ({error}); fix: start the platform "
-                               "(strata local up --profile cluster)") from None
-    finally:
-        connection.close()
-
-
-def _code(body: str) -> str:
-    start = body.find("<Code>")
-    return body[start + 6:body.find("</Code>")] if start >= 0 else "no error code"
+        raise ObjectStoreError(f"object store {endpoint_url.partition('://')[2]} unreachable ({error}); fix: start "
+                               "the platform (strata local up --profile cluster)") from None
 
 
 def check_bucket(port: int, bucket: str, credentials: tuple[str, str], credentials_file: Path | None = None) -> None:
@@ -131,9 +98,9 @@ def check_bucket(port: int, bucket: str, credentials: tuple[str, str], credentia
     if status == 403:
         source = f" ({credentials_file})" if credentials_file else ""
         raise ObjectStoreError(f"the object store {endpoint(port)} refused the credentials for bucket {bucket!r} "
-                               f"({_code(body) if body else 'access denied'}); fix: use the platform's "
+                               f"({s3.error_code(body) if body else 'access denied'}); fix: use the platform's "
                                f"credentials{source}")
-    raise ObjectStoreError(f"bucket {bucket!r} in {endpoint(port)}: HEAD answered {status} ({_code(body)})")
+    raise ObjectStoreError(f"bucket {bucket!r} in {endpoint(port)}: HEAD answered {status} ({s3.error_code(body)})")
 
 
 def object_exists(port: int, bucket: str, key: str, credentials: tuple[str, str]) -> bool:
@@ -141,9 +108,7 @@ def object_exists(port: int, bucket: str, key: str, credentials: tuple[str, str]
 
 
 def ensure_bucket(port: int, bucket: str, credentials: tuple[str, str]) -> None:
-    status, body = _call(port, "HEAD", f"/{bucket}", credentials)
-    if status == 200:
-        return
-    status, body = _call(port, "PUT", f"/{bucket}", credentials)
-    if status != 200:
-        raise ObjectStoreError(f"creating bucket {bucket!r} in {endpoint(port)} answered {status} ({_code(body)})")
+    try:
+        s3.ensure_bucket(endpoint(port), bucket, s3.Credentials(*credentials))
+    except (s3.S3Error, OSError) as error:
+        raise ObjectStoreError(str(error)) from None

@@ -12,6 +12,10 @@ Config (set by the bootstrap's platform Stack):
   backend          the platform's state backend; each team's state goes under it, in `teams/<name>`
   projectRepo      git URL of this project (and projectBranch): where a team with only `dir` finds its program
   syncPath         the directory of this project Flux syncs for the platform; each team's is under it
+Environment: with an s3:// backend at an S3-compatible endpoint, the object store's credentials
+(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, the platform Stack's envRefs) give each team a bucket of its
+own, `<bucket>-team-<name>`, and credentials that reach only it (strata_components.team_state); without
+them a team's state is `teams/<name>` under the platform's backend.
 Outputs: teamKubeconfigs / teamTokens / teamPassphrases (secret maps team -> value), teamNamespaces,
 teamHandoffStacks (team -> the stack its app stack references), teamBackends (team -> its state backend).
 """
@@ -20,23 +24,41 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+from collections.abc import Mapping
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from strata_components import s3
 from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handoff_program
 from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, ClusterAccess, handoff_stack,
                                      read_cluster_access, team_backend, team_passphrase)
 from strata_components.stack import Program
-from strata_components.team import TeamEnvironment, TeamEnvironmentArgs
+from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, TeamStateArgs
+from strata_components.team_state import STATE_CREDENTIALS_SECRET, credential_env_refs
 from strata_components.team_entries import team_names, team_sync_path, validate_teams
 
 
+def team_state(team: dict, field: str, backend: str | None,
+               store_credentials: pulumi.Input[dict[str, str]] | None) -> TeamStateArgs | None:
+    """A bucket of the team's own (`field` names its entry in errors), when the platform's backend is an
+    s3:// bucket at an S3-compatible endpoint and the object store's credentials are here to mint the
+    team's; else None (the team's state is a prefix of the platform's backend)."""
+    endpoint = s3.backend_endpoint(backend) if backend and backend.startswith("s3://") else None
+    if endpoint is None or store_credentials is None:
+        return None
+    return {"endpoint": endpoint, "bucket": s3.team_bucket(s3.backend_bucket(backend), team["name"], field),
+            "store_credentials": store_credentials}
+
+
 def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], backend: str | None,
-              project_repo: tuple[str, str] | None, sync_path: str | None = None) -> TeamEnvironmentArgs:
+              project_repo: tuple[str, str] | None, sync_path: str | None = None,
+              state_args: TeamStateArgs | None = None) -> TeamEnvironmentArgs:
     """A team runs an app when it names a `repo`, or a `dir` of this project's repository (`project_repo`:
     url, branch); its GitOps is `path` of its source (default: `<sync_path>/team-<name>` of this project),
-    applied as the team, with its own state backend (`teams/<name>` under `backend`) filled in."""
+    applied as the team, with its own state backend filled in: its bucket (`state_args`, with credentials
+    for it alone), else `teams/<name>` under `backend`."""
     name = team["name"]
     args: TeamEnvironmentArgs = {"provider": provider, "team": name, "server": server,
                                  "read_namespaces": team.get("readNamespaces", [])}
@@ -46,20 +68,27 @@ def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], bac
         raise ValueError(f"team {name}: `dir` names a program in this project's repository, but the platform "
                          "Stack has no strata-platform:projectRepo; give the team a `repo`")
     source = (team["repo"], team.get("branch", "main")) if "repo" in team else project_repo
-    state = team_backend(backend, name) if backend else None
+    if state_args is not None:
+        args["state"] = state_args
+        state = s3.with_bucket(backend, state_args["bucket"])
+    else:
+        state = team_backend(backend, name) if backend else None
     runs_app = "repo" in team or "dir" in team
     path = team_sync_path(team, sync_path)
     if source is not None and (runs_app or path):
         args["source"] = {"url": source[0], "branch": source[1]}
     if runs_app:
         # The team's own passphrase: it decrypts the team's hand-off stack and app stack, nothing else.
-        passphrase = {"type": "Secret", "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}
+        env_refs = {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret",
+                                                 "secret": {"name": PASSPHRASE_SECRET, "key": "passphrase"}}}
+        if state_args is not None:
+            env_refs.update(credential_env_refs(STATE_CREDENTIALS_SECRET))
         args["stack"] = {
             "stack": team.get("stack", f"organization/strata-app-team/{name}"),
             "dir": team.get("dir", "programs/app-team"),
             "config": {"strata-app-team:handoffStack": handoff_stack(name),
                        "strata-app-team:team": name},
-            "extra": {"env_refs": {"PULUMI_CONFIG_PASSPHRASE": passphrase}, "destroy_on_finalize": True},
+            "extra": {"env_refs": env_refs, "destroy_on_finalize": True},
         }
         if state:
             args["stack"]["backend"] = state
@@ -88,6 +117,8 @@ class PlatformSettings:
     namespace: str | None
     sync_path: str | None
     """The directory of this project Flux syncs for the platform; each team's directory is under it."""
+    store_credentials: pulumi.Output[dict[str, str]] | None
+    """The object store's credentials (secret) from this update's environment, when there are any."""
 
 
 def read_settings(config: pulumi.Config) -> PlatformSettings:
@@ -102,7 +133,17 @@ def read_settings(config: pulumi.Config) -> PlatformSettings:
         project_repo=((config.get("projectRepo"), config.get("projectBranch") or "main")
                       if config.get("projectRepo") else None),
         shared_passphrase=config.require_secret("statePassphrase") if teams else None,
-        namespace=config.require("namespace") if teams else None, sync_path=config.get("syncPath"))
+        namespace=config.require("namespace") if teams else None, sync_path=config.get("syncPath"),
+        store_credentials=read_store_credentials(os.environ))
+
+
+def read_store_credentials(environ: Mapping[str, str]) -> pulumi.Output[dict[str, str]] | None:
+    """The object store's credentials the platform Stack's envRefs put in its environment, kept secret."""
+    keys = s3.CREDENTIAL_ENV[:2]  # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+    if not all(environ.get(key) for key in keys):
+        return None
+    access_key_id, secret_access_key = (environ[key] for key in keys)
+    return pulumi.Output.secret({"access_key_id": access_key_id, "secret_access_key": secret_access_key})
 
 
 def main() -> None:
@@ -114,17 +155,20 @@ def main() -> None:
     environments: dict[str, TeamEnvironment] = {}
     passphrases: dict[str, pulumi.Output[str]] = {}
     handoffs: dict[str, TeamHandoff] = {}
+    backends: dict[str, str] = {}
     if settings.teams:
         # One Program for every hand-off stack: the operator names its project after the object.
         program = Program("team-handoff", {"namespace": settings.namespace, "name": HANDOFF_PROJECT,
                                            "program": build_handoff_program()},
                           pulumi.ResourceOptions(provider=provider))
-    for team in settings.teams:
+    for index, team in enumerate(settings.teams):
         name = team["name"]
         passphrases[name] = team_passphrase(settings.shared_passphrase, name)
+        state_args = team_state(team, f"strata-platform:teams[{index}] ({name})", backend, settings.store_credentials)
         # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
         environment = TeamEnvironment(name, {**team_args(team, provider, server, backend, project_repo,
-                                                         settings.sync_path), "passphrase": passphrases[name]})
+                                                         settings.sync_path, state_args),
+                                             "passphrase": passphrases[name]})
         environments[name] = environment
         handoff_args: TeamHandoffArgs = {
             "provider": provider, "team": name, "namespace": settings.namespace,
@@ -132,7 +176,10 @@ def main() -> None:
             "kubeconfig": environment.kubeconfig, "passphrase": passphrases[name], "program": program}
         if backend:
             # In the team's backend, beside its app stacks, which read it by reference.
-            handoff_args["backend"] = team_backend(backend, name)
+            backends[name] = s3.with_bucket(backend, state_args["bucket"]) if state_args else team_backend(backend, name)
+            handoff_args["backend"] = backends[name]
+        if environment.state_credentials is not None:
+            handoff_args["state_credentials"] = environment.state_credentials
         handoffs[name] = TeamHandoff(f"{name}-handoff", handoff_args,
                                      pulumi.ResourceOptions(depends_on=[environment]))
 
@@ -142,7 +189,7 @@ def main() -> None:
     pulumi.export("teamNamespaces", {name: env.namespace for name, env in environments.items()})
     pulumi.export("teamHandoffStacks", {name: handoff.stack for name, handoff in handoffs.items()})
     if backend:
-        pulumi.export("teamBackends", {team["name"]: team_backend(backend, team["name"]) for team in settings.teams})
+        pulumi.export("teamBackends", backends)
 
 
 # The Python host runs this file as __main__; the engine tier imports it to call read_settings and team_args.

@@ -10,6 +10,7 @@ cluster profile needs (root, containerd, the image tools); reported skipped nami
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import shutil
@@ -22,6 +23,7 @@ from kubernetes import client, config
 from requirements import missing_e2e_requirements
 from test_dev_stack import make, platform_pids, survivors
 
+from strata_components import s3
 from strata_components.local import objectstore
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 
@@ -122,6 +124,27 @@ def test_make_up_cluster_runs_everything_of_strata_in_pods_with_state_in_the_obj
     credentials = objectstore.read_credentials(platform.object_store_credentials)
     assert objectstore.object_exists(platform.object_store_port(), objectstore.DEFAULT_BUCKET,
                                      ".pulumi/stacks/strata/cluster.json", credentials)
+
+    # Each team's Stacks (its hand-off, alpha's app through Flux) keep state in the team's own bucket...
+    team_stacks = {}
+    for stack in stacks:
+        metadata = stack["metadata"]
+        team = (metadata.get("labels") or {}).get("strata.dev/team") or (
+            metadata["namespace"].removeprefix("team-") if metadata["namespace"].startswith("team-") else None)
+        if team:
+            team_stacks[metadata["name"]] = team
+            assert s3.backend_bucket(stack["spec"]["backend"]) == f"{objectstore.DEFAULT_BUCKET}-team-{team}", stack["spec"]
+    assert team_stacks == {"team-alpha-handoff": "alpha", "team-beta-handoff": "beta", "app": "alpha"}, team_stacks
+    # ...with credentials that reach it alone: alpha's, read from alpha's Secret, are refused on beta's and the platform's.
+    data = core.read_namespaced_secret("strata-state-credentials", "team-alpha").data
+    alpha = s3.Credentials(*(base64.b64decode(data[key]).decode() for key in s3.CREDENTIAL_ENV))
+    store = objectstore.endpoint(platform.object_store_port())
+    assert alpha.access_key_id != credentials[0]
+    assert s3.request(store, "HEAD", f"/{objectstore.DEFAULT_BUCKET}-team-alpha/.pulumi/stacks/strata-app-team/alpha.json",
+                      alpha)[0] == 200
+    for bucket in (f"{objectstore.DEFAULT_BUCKET}-team-beta", objectstore.DEFAULT_BUCKET):
+        assert s3.request(store, "GET", f"/{bucket}", alpha)[0] == 403, bucket
+        assert s3.request(store, "HEAD", f"/{bucket}/.pulumi/meta.yaml", alpha)[0] == 403, bucket
 
     pids = platform_pids(state)
     down = make("down", home, "STACK=cluster")

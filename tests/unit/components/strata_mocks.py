@@ -118,6 +118,11 @@ class StrataMocks(mocks.Mocks):
                          git_url=GIT_URL)
         elif args.typ == "pulumi-python:dynamic:Resource" and "digest" in state:
             state.update(url=f"{state['git_url']}/{state['name']}.git", commit=published_commit(state["digest"]))
+        elif args.typ == "pulumi-python:dynamic:Resource" and "lifetime_seconds" in state:
+            # What STS AssumeRole would mint: fake credentials, named after the bucket they are for.
+            state.update(access_key_id=f"fake-key-{state['bucket']}", secret_access_key=f"fake-secret-{state['bucket']}",
+                         session_token=f"fake-token-{state['bucket']}", issued="2026-01-01T00:00:00+00:00",
+                         expiration="2026-01-31T00:00:00+00:00")
         elif args.typ == "gcp:container/cluster:Cluster":
             state.update(endpoint="34.1.2.3", masterAuth={"clusterCaCertificate": FAKE_CA,
                                                           "clientCertificateConfig": {"issueClientCertificate": False}})

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from strata_components.bootstrap_config import (cluster_args, flux_args, flux_sync_args, operator_args,
-                                                platform_stack_spec, project_repo_args, resolve_backend_url)
+                                                platform_stack_spec, project_repo_args, resolve_backend_url,
+                                                validate_team_buckets)
 
 PROVIDER = None  # carried through untouched; the component tests cover what a provider does
 
@@ -112,3 +113,15 @@ def test_an_object_store_backend_gives_the_platform_stack_its_credentials_by_sec
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         assert spec["env_refs"][key] == {"type": "Secret", "secret": {"name": "strata-object-store", "key": key}}
     assert "AWS_ACCESS_KEY_ID" not in platform_stack_spec({"repo": "r"}, "o/s/p", [])["env_refs"]
+    # It runs daily, so the teams' state credentials it mints are rotated in time.
+    assert spec["continue_resync_on_commit_match"] is True and spec["resync_frequency_seconds"] == 86400
+
+
+def test_a_team_name_too_long_for_its_state_bucket_is_named_at_the_bootstrap():
+    settings = {"backend": "s3://pulumi-state?endpoint=http://10.88.0.1:9000", "backendSecret": "strata-object-store"}
+    validate_team_buckets(settings, [{"name": "alpha"}, {"name": "beta"}])
+    with pytest.raises(ValueError, match=r"^strata:teams\[1\] \(a{50}\): the team's state bucket .*fix: give the "
+                                         r"team a name of at most 45 characters"):
+        validate_team_buckets(settings, [{"name": "alpha"}, {"name": "a" * 50}])
+    # Without the store's credentials for the platform, teams keep a prefix of its bucket: no bucket to name.
+    validate_team_buckets({"backend": settings["backend"]}, [{"name": "a" * 50}])

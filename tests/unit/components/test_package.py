@@ -29,7 +29,7 @@ def test_args_are_typed_with_their_docs(analyzed):
     assert team.inputs["team"].type.value == "string" and not team.inputs["team"].optional
     assert team.inputs["readNamespaces"].optional and team.inputs["readNamespaces"].type.value == "array"
     assert team.inputs["server"].description == "API server URL written into the team's kubeconfig."
-    assert sorted(team.outputs) == ["kubeconfig", "namespace", "serviceAccount", "token"]
+    assert sorted(team.outputs) == ["kubeconfig", "namespace", "serviceAccount", "stateCredentials", "token"]
 
     stack = analyzed["component_definitions"]["Stack"]
     assert stack.inputs["spec"].ref == "#/types/strata:index:StackSpec"

@@ -326,3 +326,21 @@ def test_an_operation_without_a_program_waits_for_no_environment(tmp_path):
     build = EnvironmentBuild(tmp_path, tmp_path / "cache", seconds)
     build.wait()  # never started: nothing to wait for
     assert seconds == {}
+
+
+@pytest.mark.parametrize("operation, builds", [("up", True), ("preview", True), ("refresh", True),
+                                               ("destroy", True), ("outputs", False), ("recover", False)])
+def test_every_operation_that_loads_the_states_providers_gets_the_programs_environment(
+        operation, builds, tmp_path, monkeypatch):
+    # A destroy loads a Python program's dynamic providers (pulumi-python), which run in its environment.
+    built = []
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PULUMI_HOME", str(tmp_path / "pulumi-home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(worker, "link_plugins", lambda *args: None)
+    monkeypatch.setattr(worker, "cached_plugins", lambda *args: [])
+    monkeypatch.setattr(worker, "ensure_virtualenv", lambda *args: built.append(args))
+    monkeypatch.setattr(worker, "_run_operation", lambda request, command, workdir, environment: environment.wait())
+    worker._run({"operation": operation, "plugin_cache": str(tmp_path), "plugin_dirs": [], "create": False,
+                 "python_cache": str(tmp_path / "cache")}, None, {})
+    assert bool(built) is builds

@@ -446,6 +446,12 @@ def _recover_file_backend(root: Path, stack_name: str, host: str, since: float) 
     return actions
 
 
+# The operations that need the program's environment: up and preview run the program, and all four load
+# the providers in its state, a Python program's dynamic providers (pulumi-python) among them, which run
+# in that environment.
+ENVIRONMENT_OPERATIONS = ("up", "preview", "refresh", "destroy")
+
+
 class EnvironmentBuild:
     """The program's environment (ensure_virtualenv), built in a thread beside the CLI runs that prepare the
     stack (`stack init`, `config set --secret`: about a second each), which need none of it; `wait` before
@@ -491,8 +497,8 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: d
     if backend is not None and operation in ("up", "preview", "refresh") and request["create"]:
         _ensure_file_backend(backend)
     environment = EnvironmentBuild(Path(workdir), Path(request["python_cache"]), seconds)
-    if operation in ("up", "preview"):
-        # Only these run the program, and only they need its environment: built while the stack is prepared.
+    if operation in ENVIRONMENT_OPERATIONS:
+        # Built while the stack is prepared.
         environment.start()
     try:
         return _run_operation(request, pulumi_command, workdir, environment)
