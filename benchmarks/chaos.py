@@ -193,7 +193,8 @@ def run_phase(bench: Bench, operator: Operator, watch: StackWatch, fault: str, r
             restarting = starter.submit(strike.start)  # in the background: progress goes on being said
         elif active is None and pending and (done_count >= shares[0] * count or done_count == count) \
                 and now - last_ended >= 5:
-            strike, share = pending.pop(0), shares.pop(0)
+            strike = pending.pop(0)
+            shares.pop(0)
             pid = operator.host.pid()
             cpu_before, lines_before = (cpu_seconds(pid), operator.log_lines()) if pid else (0.0, 0)
             print(f"  {now - started:5.0f} s: {done_count}/{count} done: {strike.what}", flush=True)

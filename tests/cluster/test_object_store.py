@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from strata_components.local import objectstore, realnode
+from strata_components.local import objectstore
 
 from .conftest import object_store_env_refs, wait_stack_ready
 

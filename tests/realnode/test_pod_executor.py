@@ -42,7 +42,7 @@ STASH_COUNT = 300  # enough resources that an update lasts a few seconds: long e
 
 def _program(team: str, count: int = 1) -> dict:
     resources = {f"r{i}": {"type": "pulumi:index:Stash", "properties": {"input": f"{team}-{i}"}} for i in range(count)}
-    return {"resources": resources, "outputs": {"team": f"${{r0.input}}"}}
+    return {"resources": resources, "outputs": {"team": "${r0.input}"}}
 
 
 def _stack_spec(passphrase_secret: str = "pulumi") -> dict:
