@@ -20,7 +20,7 @@ from . import backup, stackctl
 from .local import clusterstack, devstack, toolchain
 from .local.images import ImageError
 from .local.platform import (CLUSTER_PROFILE_MIN_REAL_NODES, DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PROFILES,
-                             LocalPlatform, PlatformConfig, PlatformError, default_state_dir)
+                             LocalPlatform, PlatformConfig, PlatformError, default_state_dir, recorded_shape)
 from .local.processes import ProcessError
 
 
@@ -379,6 +379,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     stack_commands = ("get", "reconcile", "suspend", "resume", "approve", "logs", "console")
     defaults = {"local": LOCAL_DEFAULTS, "dev": DEV_DEFAULTS,
                 **dict.fromkeys(stack_commands, STACK_DEFAULTS)}.get(args.command, {})
+    if args.command == "local" and args.action in ("status", "down", "env"):
+        # About a platform that exists: what it was started with, unless told otherwise (a cluster-profile
+        # stand-in runs no host controllers, and its status must not list the default ones as stopped).
+        defaults = {**defaults, **recorded_shape(getattr(args, "state_dir", None) or default_state_dir())}
     for key, value in defaults.items():
         if not hasattr(args, key):
             setattr(args, key, value)

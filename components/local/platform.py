@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -102,6 +103,18 @@ def build_git_server_rbac() -> list[dict]:
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
          "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]},
     ]
+
+
+# The options a platform was last started with (recorded_shape): its profile, host controllers and nodes.
+SHAPE_FILE = "shape.json"
+
+
+def recorded_shape(state_dir: Path) -> dict[str, Any]:
+    """The options the platform in `state_dir` was last started with ({} if it never was)."""
+    try:
+        return json.loads((state_dir / SHAPE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,6 +366,7 @@ class LocalPlatform:
         started = time.monotonic()
         self._ensure_profile_tools(say)
         ports = self._ports()
+        self._record_shape()
         plan = self._processes(ports, ensure_bundle(self.toolchain, say))
         self._check_ports_free(ports)
         ensure_pki(self.pki)
@@ -380,6 +394,12 @@ class LocalPlatform:
         say(f"local platform ready in {format_seconds(time.monotonic() - started)}: "
             f"https://127.0.0.1:{ports['apiserver']}, kubeconfig {self.kubeconfig_path}")
         return self.info()
+
+    def _record_shape(self) -> None:
+        """What this platform is made of, for `strata local status/down/env` run without those options."""
+        (self.state / SHAPE_FILE).write_text(json.dumps({
+            "profile": self.config.profile, "controllers": ",".join(self.config.host_controllers),
+            "nodes": self.config.nodes, "real_nodes": self.config.real_nodes}, indent=1))
 
     def _ensure_profile_tools(self, say: Say) -> None:
         """The profile's own tools, built on its first use (`make setup` builds only the default ones)."""

@@ -18,6 +18,22 @@ def test_local_defaults_apply_when_no_option_is_given(monkeypatch, tmp_path):
     assert args.state_dir == tmp_path / "state" and args.controllers == "source-controller,kustomize-controller"
 
 
+def test_status_down_and_env_take_what_the_platform_was_started_with_unless_told(monkeypatch, tmp_path):
+    from strata_components.local.platform import LocalPlatform, PlatformConfig
+
+    state = tmp_path / "state"
+    state.mkdir()
+    LocalPlatform(PlatformConfig(state_dir=state, host_controllers=(), real_nodes=2, profile="cluster"))._record_shape()
+    for action in ("status", "down", "env"):
+        args = cli.parse(["local", action, "--state-dir", str(state)])
+        assert (args.profile, args.controllers, args.real_nodes) == ("cluster", "", 2), action
+        assert cli._platform(args).config.host_controllers == ()
+    assert cli.parse(["local", "status", "--state-dir", str(state), "--profile", "dev"]).profile == "dev"
+    assert cli.parse(["local", "up", "--state-dir", str(state)]).profile == "dev"  # up: as told, or the defaults
+    monkeypatch.setenv("STRATA_STATE_DIR", str(state))
+    assert cli.parse(["local", "status"]).profile == "cluster"
+
+
 @pytest.mark.parametrize("argv", [["dev", "--home", "/h", "down", "--force"], ["dev", "down", "--force", "--home", "/h"]])
 def test_dev_options_work_before_or_after_the_action(argv):
     args = cli.parse(argv)
