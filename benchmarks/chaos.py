@@ -1,7 +1,7 @@
 """Recovery at fleet scale: faults during a fleet's first fill and during a Program change that re-runs it.
 
     sudo flock /tmp/strata-heavy.lock .venv/bin/python benchmarks/chaos.py [--stacks 200] [--faults kill,apiserver,etcd]
-        [--seed 1] [--json benchmarks/results/chaos-200.json]
+        [--executor process|pod] [--seed 1] [--json benchmarks/results/chaos-200.json]
 
 One scratch local platform, the operator on the host with the process executor. Each fault gets a round
 of its own: N new Stacks of a new YAML Program (builtin Stash resources) on a file:// backend of their
@@ -11,7 +11,10 @@ random share, 5-85%, of the round's Stacks is done):
 - kill: the operator's process tree killed with SIGKILL three times (a container's processes all die
   with it: its workers and pulumi CLIs too), each time started again at once as the platform starts it;
 - apiserver: kube-apiserver stopped for 20 s, then started again by the platform's `up`;
-- etcd: the same for etcd.
+- etcd: the same for etcd;
+- node (with --executor pod: every update in a workspace pod on the platform's real node): the node's
+  kubelet and containerd stopped for 30 s (the containers they started keep running), then started
+  again by the platform's `up`.
 A Stack is done in a phase when it is Ready with that phase's Program revision applied. Reported per
 round and phase: seconds until every Stack is done, from the phase's start and from the last fault's
 end; engine runs per Stack from the backend's update history (a Stack has one generation and revision
@@ -39,11 +42,13 @@ from kubernetes import client
 
 from harness import (GROUP, VERSION, Bench, StackWatch, cpu_seconds, engine_runs, is_ready, locks_left,
                      platform_with_operator, stash_program, write_json)
+from strata_components.local import realnode
 from strata_components.local.processes import descendants, wait_until
 
-FAULTS = ("kill", "apiserver", "etcd")
+FAULTS = ("kill", "apiserver", "etcd", "node")
 KILLS = 3
 OUTAGE_SECONDS = 20
+NODE_OUTAGE_SECONDS = 30
 ROUND_LABEL = "chaos.strata.dev/round"
 
 
@@ -131,9 +136,20 @@ def log_tail(path: Path, lines: int) -> list[str]:
 def strikes(fault: str, bench: Bench, operator: Operator) -> list[Strike]:
     if fault == "kill":
         return [Strike("operator kill -9", operator.kill, operator.start, 0) for _ in range(KILLS)]
+    def start_again() -> None:  # what ends every outage: the platform's `up` starts whatever is not running
+        bench.platform.up(say=lambda _: None)
+
+    if fault == "node":
+        node = realnode.load_node(realnode.node_dirs(bench.platform.state)[0]).name
+
+        def stop_node() -> None:
+            for daemon in ("kubelet", "containerd"):
+                bench.platform.stop_controller(f"{daemon}-{node}")
+
+        return [Strike(f"{node}'s kubelet and containerd stopped", stop_node, start_again, NODE_OUTAGE_SECONDS)]
     component = {"apiserver": "kube-apiserver", "etcd": "etcd"}[fault]
-    return [Strike(f"{component} stopped", lambda: bench.platform.stop_controller(component),
-                   lambda: bench.platform.up(say=lambda _: None), OUTAGE_SECONDS)]
+    return [Strike(f"{component} stopped", lambda: bench.platform.stop_controller(component), start_again,
+                   OUTAGE_SECONDS)]
 
 
 def done(stack: dict, revision: str) -> bool:
@@ -253,25 +269,30 @@ def main() -> None:
     parser.add_argument("--stacks", type=int, default=200, help="Stacks per fault's round")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"some of {','.join(FAULTS)}, in that order")
     parser.add_argument("--resources", type=int, default=3, help="Stash resources per program")
+    parser.add_argument("--executor", choices=("process", "pod"), default="process",
+                        help="pod: every update in a workspace pod on one real node (the node fault needs it)")
     parser.add_argument("--seed", type=int, default=1, help="for the random moments of the faults")
     parser.add_argument("--json", type=Path, help="write the figures here (after every phase)")
     args = parser.parse_args()
     faults = args.faults.split(",")
     if set(faults) - set(FAULTS):
         parser.error(f"--faults: choose from {FAULTS}")
+    if "node" in faults and args.executor != "pod":
+        parser.error("--faults node: the node's outage matters to updates in its pods; add --executor pod")
     if os.geteuid() != 0:
         raise SystemExit("run as root, as the other platform benchmarks")
     rng = random.Random(args.seed)
     figures: dict = {"stacks": args.stacks, "resources": args.resources, "seed": args.seed, "rounds": {},
+                     "executor": args.executor,
                      "cpus": os.cpu_count(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with platform_with_operator() as bench:
+    with platform_with_operator(executor=args.executor) as bench:
         operator = Operator(bench)
         watch = StackWatch(bench, time.monotonic())
         watch.start()
         backends: dict[str, Path] = {}
         for fault in faults:
             backend = bench.backend(f"chaos-{fault}")
-            backends[fault] = Path(backend.removeprefix("file://"))
+            backends[fault] = bench.backend_dir(f"chaos-{fault}")
             bench.create_program(fault, stash_program(args.resources))
             changed = time.time()  # the first Stacks start running while the others are being created
             for index in range(args.stacks):

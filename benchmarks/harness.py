@@ -70,6 +70,12 @@ class Bench:
         path.mkdir(parents=True, exist_ok=True)
         return path.as_uri()
 
+    def backend_dir(self, name: str) -> Path:
+        """Where `backend(name)` is on this host (the pod executor's: in the node's state volume)."""
+        if self.workspace_template is not None:
+            return node_state_dir(self.scratch, self.namespace) / name
+        return self.scratch / "backends" / name
+
     def create_program(self, name: str, program: dict[str, Any]) -> None:
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "programs", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": name}, "program": program})
@@ -224,6 +230,11 @@ def _team_namespace(api: client.ApiClient, namespace: str) -> None:
         "passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
 
 
+def node_state_dir(scratch: Path, namespace: str) -> Path:
+    """The node's directory behind the pod executor's state volume of `namespace`."""
+    return scratch / "node-state" / namespace
+
+
 def _state_volume(api: client.ApiClient, namespace: str, directory: Path) -> None:
     """The claim `state` bound to a directory of the node (a static PersistentVolume: no provisioner here)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -280,7 +291,7 @@ def platform_with_operator(operator_args: tuple[str, ...] = (),
             with api_client(platform.kubeconfig_path) as api:
                 _team_namespace(api, NAMESPACE)
                 if pods:
-                    _state_volume(api, NAMESPACE, scratch / "node-state" / NAMESPACE)
+                    _state_volume(api, NAMESPACE, node_state_dir(scratch, NAMESPACE))
                 yield Bench(platform, operator, api, scratch, NAMESPACE, WORKSPACE_TEMPLATE if pods else None)
         finally:
             platform.down(say=lambda _: None)
