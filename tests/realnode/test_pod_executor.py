@@ -296,6 +296,10 @@ def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_its_succ
     namespace, host = teams["beta"]["namespace"], teams["host"]
     marker = _start_slow_update(custom, namespace, "beta")
     run = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")["status"]["currentUpdate"]
+    # Mid-update: the engine in the pod holds the stack's lock. currentUpdate alone is written before the
+    # operator hands the run to the pod, and a run killed before that is rightly run again, under a new name.
+    processes.wait_until(lambda: list((teams["beta"]["state"] / ".pulumi" / "locks").rglob("*.json")), 120,
+                         "the update running in the workspace pod (its lock in the backend)", interval=0.1)
     pid = host.pid()
     for victim in [pid, *processes.descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
