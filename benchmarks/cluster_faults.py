@@ -103,12 +103,15 @@ class Cluster:
 
     def wait(self, check: Callable[[], object], timeout: float, what: str) -> object:
         """Poll `check` every second until truthy, saying so (the heartbeat covers the silence)."""
-        self.hb.doing = f"waiting for {what}"
+        before, self.hb.doing = self.hb.doing, f"waiting for {what}"
         deadline = time.monotonic() + timeout
-        while not (result := check()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not after {timeout:.0f} s")
-            time.sleep(1)
+        try:
+            while not (result := check()):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{what}: not after {timeout:.0f} s")
+                time.sleep(1)
+        finally:
+            self.hb.doing = before  # a wait in the fault's thread must not leave the heartbeat saying it
         return result
 
 
