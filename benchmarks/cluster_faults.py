@@ -1,7 +1,7 @@
 """Faults on the production topology (#27 item 4): the in-cluster operator, workspace pods, s3:// state.
 
     sudo flock /tmp/strata-heavy.lock .venv/bin/python benchmarks/cluster_faults.py [--stacks 6]
-        [--resources 300] [--faults leader,node,objectstore] [--json benchmarks/results/cluster-faults.json]
+        [--resources 120] [--faults leader,node,objectstore] [--json benchmarks/results/cluster-faults.json]
 
 A scratch platform of the cluster profile (2 real nodes, the registry, MinIO); the operator image pushed
 to the registry and run as the Operator component renders it in-cluster (build_operator_objects: 2
@@ -405,7 +405,8 @@ def say_round(hb: Heartbeat, name: str, figures: dict) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stacks", type=int, default=6)
-    parser.add_argument("--resources", type=int, default=300, help="Stash resources per Program")
+    parser.add_argument("--resources", type=int, default=120,
+                        help="Stash resources per Program (120: a 20-40 s update of 6 Stacks on 2 cores)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"some of {','.join(FAULTS)}, in that order")
     parser.add_argument("--hold", type=float, default=OUTAGE_SECONDS, help="seconds the object store/kubelet stay down")
     parser.add_argument("--patience", type=float, default=300,
