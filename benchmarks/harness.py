@@ -5,13 +5,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import datetime
+import http.client
 import json
 import os
 import tempfile
 import threading
 import time
+import urllib.parse
+import xml.etree.ElementTree as ElementTree
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from strata_components import s3
 from strata_components.local import realnode
 from strata_components.local.images import build_operator_image, load_image, user_pulumi_install
 from strata_components.local.kube import api_client
@@ -33,9 +38,11 @@ NAMESPACE = "bench"
 WORKSPACE_USER = 65532  # the operator image's user, which writes the workspace's state volume
 
 
-def stash_program(count: int = 1) -> dict[str, Any]:
-    """A Pulumi YAML program body with `count` builtin Stash resources (no provider plugin needed)."""
-    return {"resources": {f"note{i}": {"type": "pulumi:index:Stash", "properties": {"input": f"value {i}"}}
+def stash_program(count: int = 1, revision: str = "") -> dict[str, Any]:
+    """A Pulumi YAML program body with `count` builtin Stash resources (no provider plugin needed); a new
+    `revision` changes every resource's input, so an update steps through all of them, not just one."""
+    suffix = f" {revision}" if revision else ""
+    return {"resources": {f"note{i}": {"type": "pulumi:index:Stash", "properties": {"input": f"value {i}{suffix}"}}
                           for i in range(count)},
             "outputs": {"first": "${note0.input}"}}
 
@@ -180,12 +187,69 @@ def engine_run_starts(backend: Path, since: float = 0) -> dict[str, list[int]]:
     """When each engine run began, per stack, from a file:// backend's own update history (one file per
     finished `pulumi up`, whatever the operator logged or recorded): those started at or after `since`
     (Unix time; the history's startTime is in whole seconds)."""
-    starts: dict[str, list[int]] = {}
-    for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json"):
-        update = json.loads(entry.read_text())
+    updates = history_updates(((entry.parent.name, json.loads(entry.read_text()))
+                               for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json")), since)
+    return {name: [update["startTime"] for update in runs] for name, runs in updates.items()}
+
+
+def history_updates(entries: Iterable[tuple[str, dict]], since: float = 0) -> dict[str, list[dict]]:
+    """(stack, history entry) pairs of any backend -> each stack's `pulumi up` runs started at or after
+    `since`, in order of start."""
+    updates: dict[str, list[dict]] = {}
+    for stack, update in entries:
         if update.get("kind") == "update" and update.get("startTime", 0) >= since:
-            starts.setdefault(entry.parent.name, []).append(update["startTime"])
-    return {name: sorted(times) for name, times in starts.items()}
+            updates.setdefault(stack, []).append(update)
+    return {name: sorted(runs, key=lambda u: u["startTime"]) for name, runs in updates.items()}
+
+
+class S3Bucket:
+    """Read-only access to one bucket of an S3-compatible store (the cluster profile's MinIO), signed by
+    the repository's own SigV4 signer: the s3:// backend's history and locks, counted as on a file:// one."""
+
+    def __init__(self, endpoint: str, bucket: str, credentials: s3.Credentials) -> None:
+        self.endpoint, self.bucket, self.credentials = endpoint.rstrip("/"), bucket, credentials
+
+    def _get(self, path: str, query: dict[str, str] | None = None) -> str:
+        # SigV4's canonical query: sorted, every value percent-encoded ('/' too).
+        canonical = "&".join(f"{k}={urllib.parse.quote(v, safe='-_.~')}" for k, v in sorted((query or {}).items()))
+        scheme, _, host = self.endpoint.partition("://")
+        headers = s3.sign("GET", host, path, self.credentials, datetime.datetime.now(datetime.UTC), query=canonical)
+        connection = (http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection)(
+            host, timeout=30)
+        try:
+            connection.request("GET", f"{path}?{canonical}" if canonical else path, headers=headers)
+            response = connection.getresponse()
+            body = response.read().decode(errors="replace")
+        finally:
+            connection.close()
+        if response.status != 200:  # the store's error code only: never a credential
+            raise s3.S3Error(f"GET {path} in {self.endpoint}: HTTP {response.status} ({s3.error_code(body)})")
+        return body
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (ListObjectsV2, page by page)."""
+        found: list[str] = []
+        token = None
+        while True:
+            query = {"list-type": "2", "prefix": prefix, **({"continuation-token": token} if token else {})}
+            root = ElementTree.fromstring(self._get(f"/{self.bucket}", query))
+            space = root.tag.partition("}")[0] + "}" if root.tag.startswith("{") else ""
+            found += [element.text or "" for element in root.iter(f"{space}Key")]
+            token = root.findtext(f"{space}NextContinuationToken")
+            if root.findtext(f"{space}IsTruncated") != "true" or not token:
+                return found
+
+    def read_json(self, key: str) -> dict:
+        return json.loads(self._get(f"/{self.bucket}/{urllib.parse.quote(key, safe='/-_.~')}"))
+
+    def updates(self, since: float = 0) -> dict[str, list[dict]]:
+        """Each stack's engine runs from the backend's history (.pulumi/history/<project>/<stack>/)."""
+        return history_updates(((key.split("/")[-2], self.read_json(key)) for key in self.keys(".pulumi/history/")
+                                if key.endswith(".history.json")), since)
+
+    def locks(self) -> list[str]:
+        """Update locks left in the backend (.pulumi/locks/<org>/<project>/<stack>/<lock>.json)."""
+        return [key for key in self.keys(".pulumi/locks/") if key.endswith(".json")]
 
 
 def engine_runs(backend: Path, since: float = 0) -> Counter:
@@ -311,3 +375,30 @@ def process_operator_beside(bench: Bench, namespace: str) -> Iterator[Bench]:
         yield Bench(bench.platform, operator, bench.api, bench.scratch, namespace, None)
     finally:
         operator.stop()
+
+
+class Heartbeat(threading.Thread):
+    """Progress at least every `every` seconds: `say` prints a line; when nothing was said for that long
+    (a platform start, an image build, a wait), the thread says what is being waited for."""
+
+    def __init__(self, every: float = 10) -> None:
+        super().__init__(daemon=True)
+        self.every, self.started = every, time.monotonic()
+        self.last, self.doing = self.started, "starting"
+        self.lock = threading.Lock()
+        self.start()
+
+    def say(self, line: str) -> None:
+        with self.lock:
+            print(f"[{time.monotonic() - self.started:6.0f} s] {line}", flush=True)
+            self.last = time.monotonic()
+
+    def phase(self, doing: str) -> None:
+        self.doing = doing
+        self.say(doing)
+
+    def run(self) -> None:
+        while True:
+            time.sleep(1)
+            if time.monotonic() - self.last >= self.every:
+                self.say(f"  ... still {self.doing}")
