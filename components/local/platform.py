@@ -105,6 +105,11 @@ def build_git_server_rbac() -> list[dict]:
     ]
 
 
+# What containerd's CRI answers while it restores the containers it ran before a restart, and how long
+# the kubelet's start waits that out.
+CRI_NOT_READY = "server is not initialized yet"
+CRI_RESTORE_SECONDS = 120
+
 # The options a platform was last started with (recorded_shape): its profile, host controllers and nodes.
 SHAPE_FILE = "shape.json"
 
@@ -514,8 +519,7 @@ class LocalPlatform:
                 load_image(pause, node.containerd_socket)  # the sandbox image: every node has it before any pull
             except ImageError as error:
                 raise PlatformError(f"real node {node.name}: {error}") from None
-            self._start_and_wait(realnode.kubelet_process(node, self._kubelet()),
-                                 lambda node=node: http_ok(f"http://127.0.0.1:{node.healthz_port}/healthz"))
+            self._start_kubelet(node)
         self._wait_nodes_ready("type=real", self.config.real_node_count, timeout=120)
         say(f"  nodes: {self.config.real_node_count} real node(s) Ready (kubelet on containerd, "
             f"{format_seconds(time.monotonic() - started)})")
@@ -692,6 +696,21 @@ class LocalPlatform:
             return self.toolchain.bin("kubelet")
         except ToolchainError:
             return None
+
+    def _start_kubelet(self, node: realnode.RealNode) -> None:
+        """The node's kubelet, started again while containerd's CRI says it is not ready: a containerd
+        restarted under running containers answers its API before its CRI has restored them, and a kubelet
+        started then exits at once ("server is not initialized yet")."""
+        deadline = time.monotonic() + CRI_RESTORE_SECONDS
+        while True:
+            try:
+                self._start_and_wait(realnode.kubelet_process(node, self._kubelet()),
+                                     lambda: http_ok(f"http://127.0.0.1:{node.healthz_port}/healthz"))
+                return
+            except PlatformError as error:
+                if CRI_NOT_READY not in str(error) or time.monotonic() > deadline:
+                    raise
+            time.sleep(1)
 
     def _start_and_wait(self, process: HostProcess, ready, timeout: float = 90) -> None:
         processes.start(process, self.run_dir, self.log_dir)
