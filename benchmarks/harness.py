@@ -5,8 +5,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
-import datetime
-import http.client
 import json
 import os
 import tempfile
@@ -210,20 +208,9 @@ class S3Bucket:
         self.endpoint, self.bucket, self.credentials = endpoint.rstrip("/"), bucket, credentials
 
     def _get(self, path: str, query: dict[str, str] | None = None) -> str:
-        # SigV4's canonical query: sorted, every value percent-encoded ('/' too).
-        canonical = "&".join(f"{k}={urllib.parse.quote(v, safe='-_.~')}" for k, v in sorted((query or {}).items()))
-        scheme, _, host = self.endpoint.partition("://")
-        headers = s3.sign("GET", host, path, self.credentials, datetime.datetime.now(datetime.UTC), query=canonical)
-        connection = (http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection)(
-            host, timeout=30)
-        try:
-            connection.request("GET", f"{path}?{canonical}" if canonical else path, headers=headers)
-            response = connection.getresponse()
-            body = response.read().decode(errors="replace")
-        finally:
-            connection.close()
-        if response.status != 200:  # the store's error code only: never a credential
-            raise s3.S3Error(f"GET {path} in {self.endpoint}: HTTP {response.status} ({s3.error_code(body)})")
+        status, body = s3.request(self.endpoint, "GET", path, self.credentials, query=query)
+        if status != 200:  # the store's error code only: never a credential
+            raise s3.S3Error(f"GET {path} in {self.endpoint}: HTTP {status} ({s3.error_code(body)})")
         return body
 
     def keys(self, prefix: str) -> list[str]:

@@ -70,15 +70,19 @@ def sign(method: str, host: str, path: str, credentials: Credentials, now: datet
 
 
 def request(endpoint: str, method: str, path: str, credentials: Credentials, *, payload: bytes = b"",
-            service: str = "s3", content_type: str | None = None, timeout: float = 30) -> tuple[int, str]:
+            service: str = "s3", content_type: str | None = None, query: dict[str, str] | None = None,
+            timeout: float = 30) -> tuple[int, str]:
     """One signed request to `endpoint` (http:// or https://) for `path` (plain characters: no escaping
-    here); the status and body. OSError when the store cannot be reached."""
+    here) with `query`; the status and body. OSError when the store cannot be reached."""
     scheme, _, host = endpoint.rstrip("/").partition("://")
+    # SigV4's canonical query: sorted, every value percent-encoded ('/' too).
+    canonical = "&".join(f"{k}={urllib.parse.quote(v, safe='-_.~')}" for k, v in sorted((query or {}).items()))
     headers = sign(method, host, path, credentials, datetime.datetime.now(datetime.UTC), payload=payload,
-                   service=service, content_type=content_type)
+                   service=service, content_type=content_type, query=canonical)
     connection = (http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection)(host, timeout=timeout)
     try:
-        connection.request(method, path, body=payload or None, headers=headers)
+        connection.request(method, f"{path}?{canonical}" if canonical else path, body=payload or None,
+                           headers=headers)
         response = connection.getresponse()
         return response.status, response.read().decode(errors="replace")
     finally:
