@@ -100,17 +100,14 @@ def file_backend(tmp_path: Path) -> str:
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]]:
     """MinIO from the toolchain as the cluster profile runs it (root credentials in its environment), on
-    127.0.0.1 with the bucket OBJECT_STORE_BUCKET: its endpoint URL and root credentials. Skipped, naming
-    the command, where MinIO is not built (it belongs to the cluster profile's toolchain)."""
+    127.0.0.1 with the bucket OBJECT_STORE_BUCKET: its endpoint URL and root credentials. MinIO belongs to
+    the cluster profile's toolchain, which `make setup` does not build: built here on first use, never skipped."""
     from strata_components import s3
     from strata_components.local import objectstore, processes
+    from strata_components.local import toolchain as toolchains
     from strata_components.local.kube import http_ok
-    from strata_components.local.toolchain import ToolchainError
 
-    try:
-        minio = installed(["minio"]).bin("minio")
-    except ToolchainError as error:
-        pytest.skip(str(error))
+    minio = toolchains.ensure(["minio"], say=print).bin("minio")
     directory = tmp_path_factory.mktemp("objectstore")
     port = processes.free_ports(1)[0]
     root = s3.Credentials(f"strata-{secrets.token_hex(6)}", secrets.token_urlsafe(30))
