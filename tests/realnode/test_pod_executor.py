@@ -562,3 +562,33 @@ def test_an_update_that_runs_out_of_memory_says_so_and_converges_once_fixed(team
                   "the fixed Stack Ready", name="reader")
     assert stack["status"]["outputs"]["content"].strip() == "reader-workspace"  # the pod's hostname
     assert not list((teams["beta"]["state"] / "reader" / ".pulumi" / "locks").rglob("*.json"))
+
+
+def test_a_stack_deleted_in_the_foreground_is_destroyed_at_the_first_try_and_leaves_nothing(teams, kube_client):
+    """pulumi-kubernetes deletes with foreground propagation: the garbage collector removes a Stack's
+    dependents (its workspace pod, agent Secret and ServiceAccount) before its finalizer's destroy runs
+    (PKO #753). The destroy still runs in a workspace pod at the first try, and the pod goes after."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace, state = teams["alpha"]["namespace"], teams["alpha"]["state"]
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "doomed"},
+        "spec": {**_stack_spec(), "stack": "doomed", "destroyOnFinalize": True}})
+    _wait(custom, namespace, _ready, "the doomed Stack Ready", name="doomed")
+    assert list(state.rglob("doomed.json"))
+    custom.delete_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "doomed",
+                                           body=client.V1DeleteOptions(propagation_policy="Foreground"))
+
+    def gone() -> bool:
+        return not any(s["metadata"]["name"] == "doomed" for s in custom.list_namespaced_custom_object(
+            "pulumi.com", "v1", namespace, "stacks")["items"])
+
+    processes.wait_until(gone, 240, "the doomed Stack destroyed and gone", interval=0.5)
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=doomed").items
+    assert not [e.message for e in events if e.type == "Warning"], [(e.reason, e.message) for e in events]
+    # Destroyed and removed from its backend (`stack rm` refuses a stack that still has resources).
+    assert not list(state.rglob("doomed.json"))
+    assert not list((state / ".pulumi" / "locks").rglob("*.json"))
+    leftovers = lambda: [o.metadata.name for o in (  # noqa: E731
+        *core.list_namespaced_pod(namespace).items, *core.list_namespaced_secret(namespace).items,
+        *core.list_namespaced_service_account(namespace).items) if o.metadata.name.startswith("doomed-workspace")]
+    processes.wait_until(lambda: not leftovers(), 60, "the doomed Stack's workspace objects removed", interval=0.5)

@@ -270,6 +270,7 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
     metrics.forget(namespace, name)
     if not decision.destroy or spec is None:
         logger.info("releasing stack without destroy: %s", decision.message)
+        await ctx.engine.release(stack_key(namespace, name))
         shutil.rmtree(stack_dir, ignore_errors=True)
         return
     work = stack_dir / "runs" / f"destroy-{uuid.uuid4().hex[:8]}"
@@ -305,4 +306,5 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
             raise kopf.TemporaryError(redact(message), delay=min(600, 10 * 3 ** min(retry, 4)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    await ctx.engine.release(stack_key(namespace, name))
     shutil.rmtree(stack_dir, ignore_errors=True)

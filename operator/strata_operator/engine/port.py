@@ -177,6 +177,9 @@ class Engine(Protocol):
     async def cancel(self, stack_key: str) -> bool:
         """Interrupt the Stack's running operation, if any; True if one was running."""
 
+    async def release(self, stack_key: str) -> None:
+        """The Stack's finalizer is done: remove what its executor kept for it beyond its owner's life."""
+
     def busy(self, stack_key: str) -> bool: ...
 
 
@@ -197,6 +200,9 @@ class SerializedEngine:
     def busy(self, stack_key: str) -> bool:
         lock = self._locks.get(stack_key)
         return lock is not None and lock.locked()
+
+    async def release(self, stack_key: str) -> None:
+        """Nothing outlives the Stack here."""
 
     def forget(self, stack_key: str) -> None:
         """The object is gone: its lock goes too, unless an operation still holds it (a fleet's churn

@@ -50,13 +50,14 @@ class Kube:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         return cls(kubernetes.client.ApiClient(configuration))
 
-    def _core(self, method: str, path: str, body: dict | None = None, timeout: Any = None) -> dict:
+    def _core(self, method: str, path: str, body: dict | None = None, timeout: Any = None,
+              content_type: str = "application/json") -> dict:
         """One core (v1) API call through the shared client: a JSON body in, the object as a dict out,
         ApiException on any non-2xx answer, as CoreV1Api would. Not CoreV1Api itself: importing it loads
         about 250 generated model modules (21 MB of the operator's RSS) for the few calls made here."""
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         request = self.api.param_serialize(method=method, resource_path=path, header_params=headers, body=body,
                                            auth_settings=["BearerToken"])
         response = self.api.call_api(*request, _request_timeout=timeout)
@@ -203,10 +204,11 @@ class Kube:
         return None if data is None else {key: value.decode() for key, value in data.items()}
 
     async def write_secret(self, namespace: str, name: str, data: dict[str, bytes], labels: dict[str, str],
-                           owner: dict[str, Any]) -> None:
-        """Create the Secret, or replace it whole when it exists (it is ours: owned by `owner`)."""
+                           owner: dict[str, Any] | None) -> None:
+        """Create the Secret, or replace it whole when it exists (it is ours: owned by `owner`, or by nobody
+        while its owner is being deleted)."""
         body = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
+                "metadata": {"name": name, "labels": labels, **({"ownerReferences": [owner]} if owner else {})},
                 "data": {key: base64.b64encode(value).decode() for key, value in data.items()}}
         try:
             await self.create_secret(namespace, body)
@@ -271,11 +273,30 @@ class Kube:
         return await self._call(self._core, "POST", f"/api/v1/namespaces/{quote(namespace)}/pods", body)
 
     async def delete_pod(self, namespace: str, name: str) -> None:
+        await self.delete_core(namespace, "pods", name)
+
+    async def get_core(self, namespace: str, resource: str, name: str) -> dict | None:
+        """A namespaced core object (`resource`: pods, secrets, serviceaccounts...), or None."""
+        return await self._core_get(f"/api/v1/namespaces/{quote(namespace)}/{resource}/{quote(name)}")
+
+    async def delete_core(self, namespace: str, resource: str, name: str) -> None:
+        """Delete it; one that is gone already is fine."""
         try:
-            await self._call(self._core, "DELETE", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
+            await self._call(self._core, "DELETE", f"/api/v1/namespaces/{quote(namespace)}/{resource}/{quote(name)}")
         except ApiException as err:
             if not _absent(err):
                 raise
+
+    async def disown(self, namespace: str, resource: str, name: str) -> dict | None:
+        """Drop the object's ownerReferences (the garbage collector leaves it alone then): the object as
+        it is now, or None if there is none."""
+        try:
+            return await self._call(self._core, "PATCH", f"/api/v1/namespaces/{quote(namespace)}/{resource}/{quote(name)}",
+                                    {"metadata": {"ownerReferences": None}}, content_type="application/merge-patch+json")
+        except ApiException as err:
+            if _absent(err):
+                return None
+            raise
 
     async def create_service_account(self, namespace: str, body: dict) -> None:
         """Create it unless it exists (what exists is left as it is)."""

@@ -92,8 +92,12 @@ def test_only_a_pod_executor_operator_may_create_workspace_pods():
     grants = {name: _grants([r for o in objects if o["kind"] == "ClusterRole" for r in o["rules"]])
               for name, objects in (("process", process), ("pod", pod))}
     assert ("", "pods") not in grants["process"] and ("", "serviceaccounts") not in grants["process"]
-    assert grants["pod"][("", "pods")] == {"get", "create", "delete"}
-    assert grants["pod"][("", "serviceaccounts")] == {"create"}
+    # patch and delete: a Stack's own workspace objects, disowned while its destroy runs and removed after.
+    assert grants["pod"][("", "pods")] == {"get", "create", "delete", "patch"}
+    assert grants["pod"][("", "serviceaccounts")] == {"get", "create", "delete", "patch"}
+    assert grants["pod"][("", "secrets")] == {"get", "create", "update", "delete", "patch"}
+    assert ("", "secrets") not in _grants([r for o in process if o["kind"] == "ClusterRole" for r in o["rules"]
+                                           if "delete" in r["verbs"]])
     (deployment,) = [o for o in pod if o["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert {"--executor=pod", "--workspace-image=img:1", "--workspace-node-selector=pool=updates",

@@ -19,8 +19,8 @@ from strata_operator.sources.references import resolve_stack
 from strata_operator.api.stack import parse_stack_spec
 from strata_operator.api.workspace_values import MountedRefs
 from strata_operator.engine.pod.workspace_pod import (CONTAINER, WORKSPACE_LABEL, RefUnavailable, WorkspaceNames,
-                                                      WorkspacePodArgs, build_workspace_pod, pod_problem,
-                                                      resolve_in_workspace, spec_hash)
+                                                      WorkspacePodArgs, build_service_account, build_workspace_pod,
+                                                      pod_problem, resolve_in_workspace, spec_hash)
 
 OWNER = {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": "app", "uid": "u-1", "controller": True}
 PKO_STATE_TEMPLATE = {"spec": {
@@ -52,6 +52,14 @@ def test_the_workspace_pod_runs_the_agent_hardened_under_the_stacks_service_acco
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert {"name": "agent", "secret": {"secretName": "app-workspace-agent", "defaultMode": 0o440}} in spec["volumes"]
+
+
+def test_while_its_owner_is_being_deleted_a_workspace_pod_and_its_identity_are_nobodys():
+    """So that a foreground delete's garbage collection leaves them to the finalizer's destroy."""
+    names = WorkspaceNames.of("team/app")
+    assert "ownerReferences" not in _pod(owner=None)["metadata"]
+    assert "ownerReferences" not in build_service_account(names, None)["metadata"]
+    assert build_service_account(names, OWNER)["metadata"]["ownerReferences"] == [OWNER]
 
 
 def test_pko_workspace_template_merges_into_the_pod():

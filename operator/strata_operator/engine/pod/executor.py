@@ -164,16 +164,17 @@ class PodEngine(SerializedEngine):
         except WorkspaceError as err:
             return UpdateResult("failed", redact(str(err)), reason=WORKSPACE_FAILED,
                                 duration=time.monotonic() - started)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as err:
+            # Nothing ran: the pod does not answer (its node restarting, say). Retried with backoff.
+            # (A connect timeout is an asyncio.TimeoutError too: caught here, not as the operation's.)
+            self._known.pop(request.stack_key, None)
+            return UpdateResult("failed", redact(f"the workspace pod does not answer: {err}"),
+                                reason=WORKSPACE_FAILED, duration=time.monotonic() - started)
         except asyncio.TimeoutError:
             if workspace is not None:
                 await asyncio.shield(self._cancel_quietly(workspace, request.stack_key))
             return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
                                 duration=time.monotonic() - started)
-        except aiohttp.ClientConnectorError as err:
-            # Nothing ran: the pod does not answer (its node restarting, say). Retried with backoff.
-            self._known.pop(request.stack_key, None)
-            return UpdateResult("failed", redact(f"the workspace pod does not answer: {err}"),
-                                reason=WORKSPACE_FAILED, duration=time.monotonic() - started)
         except aiohttp.ClientError as err:
             return await self._lost(request, operation, workspace, err, started, started_at)
         except asyncio.CancelledError:
@@ -265,7 +266,8 @@ class PodEngine(SerializedEngine):
         self._known.pop(request.stack_key, None)
         await self.kube.delete_pod(names.namespace, names.pod)
 
-    async def _owner(self, names: WorkspaceNames) -> dict[str, Any]:
+    async def _owner(self, names: WorkspaceNames) -> dict[str, Any] | None:
+        """The ownerReference the workspace's objects carry; None while the owner is being deleted."""
         if names.is_workspace_object:
             owner = await self.kube.get_custom(AUTO_GROUP, AUTO_VERSION, "workspaces", names.namespace, names.owner)
             api_version, kind = f"{AUTO_GROUP}/{AUTO_VERSION}", "Workspace"
@@ -274,10 +276,35 @@ class PodEngine(SerializedEngine):
             api_version, kind = f"{GROUP}/{VERSION}", "Stack"
         if owner is None:
             raise WorkspaceError(f"{kind} {names.namespace}/{names.owner} is gone")
+        if owner["metadata"].get("deletionTimestamp"):
+            return None
         return {"apiVersion": api_version, "kind": kind, "name": names.owner, "uid": owner["metadata"]["uid"],
                 "controller": True}
 
-    def _desired_pod(self, request: UpdateRequest, owner: dict[str, Any]) -> dict[str, Any]:
+    def _objects(self, names: WorkspaceNames) -> list[tuple[str, str]]:
+        """(resource, name) of the workspace's objects: its pod, its agent Secret, its default ServiceAccount."""
+        return [("pods", names.pod), ("secrets", names.agent_secret),
+                *([("serviceaccounts", names.service_account)] if names.service_account else [])]
+
+    async def _disown(self, names: WorkspaceNames) -> None:
+        """Keep the workspace's objects from its owner's garbage collection while its finalizer destroys
+        (see `owned_by`); `release` removes them."""
+        for resource, name in self._objects(names):
+            found = await self.kube.get_core(names.namespace, resource, name)
+            if found is not None and found["metadata"].get("ownerReferences"):
+                await self.kube.disown(names.namespace, resource, name)
+
+    async def release(self, stack_key: str) -> None:
+        """The owner's finalizer is done: remove the workspace objects its destroy kept from the garbage
+        collector (those still owned go with their owner)."""
+        names = WorkspaceNames.of(stack_key)
+        self._known.pop(stack_key, None)
+        for resource, name in self._objects(names):
+            found = await self.kube.get_core(names.namespace, resource, name)
+            if found is not None and not found["metadata"].get("ownerReferences"):
+                await self.kube.delete_core(names.namespace, resource, name)
+
+    def _desired_pod(self, request: UpdateRequest, owner: dict[str, Any] | None) -> dict[str, Any]:
         names = WorkspaceNames.of(request.stack_key)
         template = dict(request.workspace_template or {})
         service_account = (request.service_account or (template.get("spec") or {}).get("serviceAccountName")
@@ -288,7 +315,7 @@ class PodEngine(SerializedEngine):
             image_pull_policy=self.workspace.image_pull_policy, node_selector=self.workspace.node_selector,
             tolerations=self.workspace.tolerations))
 
-    async def _credentials(self, names: WorkspaceNames, owner: dict[str, Any]) -> WorkspaceCredentials:
+    async def _credentials(self, names: WorkspaceNames, owner: dict[str, Any] | None) -> WorkspaceCredentials:
         data = await self.kube.secret_bytes(names.namespace, names.agent_secret)
         credentials = WorkspaceCredentials.from_secret_data(data) if data is not None else None
         if credentials is None:
@@ -302,15 +329,17 @@ class PodEngine(SerializedEngine):
         """The Stack's running workspace pod, created or replaced as needed; waits until its agent answers."""
         names = WorkspaceNames.of(request.stack_key)
         namespace = names.namespace
+        owner = await self._owner(names)
+        if owner is None:
+            await self._disown(names)
         pod = await self.kube.get_pod(namespace, names.pod)
         known = self._known.get(request.stack_key)
+        desired = self._desired_pod(request, owner)
         if pod is not None and known is not None and pod["metadata"]["uid"] == known.uid and pod_ready(pod) \
-                and spec_hash(pod) == spec_hash(self._desired_pod(request, pod["metadata"]["ownerReferences"][0])):
+                and not pod["metadata"].get("deletionTimestamp") and spec_hash(pod) == spec_hash(desired):
             # A restarted node can give the same pod a new address.
             known.address, known.restarts = f"https://{pod['status']['podIP']}:{AGENT_PORT}", restarted(pod)
             return known
-        owner = await self._owner(names)
-        desired = self._desired_pod(request, owner)
         if names.service_account and not request.service_account \
                 and not (request.workspace_template.get("spec") or {}).get("serviceAccountName"):
             await self.kube.create_service_account(namespace, build_service_account(names, owner))

@@ -195,8 +195,9 @@ def mint_credentials(server_name: str) -> WorkspaceCredentials:
 @dataclasses.dataclass(frozen=True)
 class WorkspacePodArgs:
     names: WorkspaceNames
-    owner: Mapping[str, Any]
-    """The Stack's (or Workspace's) ownerReference: the pod, its Secret and its ServiceAccount go with it."""
+    owner: Mapping[str, Any] | None
+    """The Stack's (or Workspace's) ownerReference: the pod, its Secret and its ServiceAccount go with it.
+    None while the owner is being deleted (see `owned_by`)."""
     image: str
     """The operator image: the agent's, and the updates' unless the template names an image."""
     service_account: str
@@ -301,7 +302,7 @@ def build_workspace_pod(args: WorkspacePodArgs) -> dict[str, Any]:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": names.pod, "namespace": names.namespace, "labels": labels,
                      "annotations": {**(metadata.get("annotations") or {}), SPEC_HASH_ANNOTATION: digest},
-                     "ownerReferences": [dict(args.owner)]},
+                     **owned_by(args.owner)},
         "spec": spec,
     }
 
@@ -311,20 +312,28 @@ def container_security() -> dict[str, Any]:
             "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "capabilities": {"drop": ["ALL"]}}
 
 
-def build_service_account(names: WorkspaceNames, owner: Mapping[str, Any]) -> dict[str, Any]:
+def owned_by(owner: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The metadata that makes an object its owner's. None while the owner is being deleted: a foreground
+    delete (pulumi-kubernetes deletes so) has the garbage collector remove the owner's dependents at
+    once, and the destroy its finalizer runs needs the pod, its Secret and its ServiceAccount; the
+    operator removes them itself once the destroy is done."""
+    return {"ownerReferences": [dict(owner)]} if owner is not None else {}
+
+
+def build_service_account(names: WorkspaceNames, owner: Mapping[str, Any] | None) -> dict[str, Any]:
     """The default workspace identity: no RoleBinding names it, so its token grants nothing."""
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": names.service_account, "namespace": names.namespace,
                          "labels": {COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: names.owner},
-                         "ownerReferences": [dict(owner)]}}
+                         **owned_by(owner)}}
 
 
-def build_agent_secret(names: WorkspaceNames, owner: Mapping[str, Any],
+def build_agent_secret(names: WorkspaceNames, owner: Mapping[str, Any] | None,
                        credentials: WorkspaceCredentials) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": names.agent_secret, "namespace": names.namespace,
                          "labels": {COMPONENT_LABEL: "workspace", WORKSPACE_LABEL: names.owner},
-                         "ownerReferences": [dict(owner)]},
+                         **owned_by(owner)},
             "data": {k: base64.b64encode(v).decode() for k, v in credentials.secret_data().items()}}
 
 
