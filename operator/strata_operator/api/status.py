@@ -35,6 +35,9 @@ RECONCILING_PREREQUISITE = "PrerequisiteNotSatisfied"
 RECONCILING_PREVIEW_FAILED = "PreviewFailed"
 # The Flux source is still being fetched: the Stack waits, it is not stuck (kstatus: in progress).
 RECONCILING_SOURCE = "SourceNotReady"
+# An update runs but its state backend does not answer (Strata): the engine waits and retries; the Stack
+# says so while it lasts (checked every few seconds, services/backend_probe.py).
+RECONCILING_BACKEND_UNREACHABLE = "BackendUnreachable"
 # SpecInvalid and CrossNamespaceRefForbidden: api/stack.py's, whose issues decide between them (SpecInvalid.reason).
 STALLED_SOURCE_UNAVAILABLE = "SourceUnavailable"
 STALLED_CONFLICT = "UpdateConflict"
@@ -78,6 +81,8 @@ EVENT_INITIALIZATION_FAILURE = "StackInitializationFailure"
 EVENT_OUTPUT_FAILURE = "StackOutputRetrievalFailure"
 # Also an engine result's and lastUpdate's reason: the backend has no such stack.
 EVENT_NOT_FOUND = STACK_NOT_FOUND = "StackNotFound"
+EVENT_BACKEND_UNREACHABLE = RECONCILING_BACKEND_UNREACHABLE
+EVENT_BACKEND_REACHABLE = "BackendReachable"
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"

@@ -39,7 +39,8 @@ from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, i
 from .stack_rollout import gate_on_rollout
 from .stack_session import (StackSession, materialise_program, source_revision, stack_state_dir, update_request,
                             wait_for_reference)
-from .stack_update import check_drift, gated_update, outputs_secret_problem, recover_interrupted, run_stack_update
+from .stack_update import (backend_watched, check_drift, gated_update, outputs_secret_problem, recover_interrupted,
+                           run_stack_update)
 
 
 async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
@@ -291,7 +292,8 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
                 await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
             raise kopf.TemporaryError(redact(str(err)), delay=RETRY_REFS_SECONDS) from None
         post_event(body, st.EVENT_UPDATE_DETECTED, decision.message)
-        result = await ctx.engine.destroy(request)
+        async with backend_watched(session, spec.backend, "the destroy"):
+            result = await ctx.engine.destroy(request)
         metrics.UPDATE_DURATION.labels("destroy", result.outcome).observe(result.duration)
         if result.ok:
             result = await ctx.engine.remove_stack(request)

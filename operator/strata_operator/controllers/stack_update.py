@@ -4,6 +4,8 @@ and the status and Events that record the run."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import shutil
 import tempfile
@@ -27,6 +29,7 @@ from ..decisions.planning import Plan, drift_check_due, drift_status, missing_se
 from ..decisions.rollout import parse_waves
 from ..engine.port import UpdateResult, register_secret_outputs
 from ..services import metrics
+from ..services.backend_probe import backend_address, unreachable
 from ..services.events import HOST, post_event
 from ..services.redaction import redact
 from ..sources.archive import SourceError
@@ -35,6 +38,10 @@ from ..sources.references import RefError, Resolved
 from .context import utc_now
 from .stack_rollout import rollout_stacks, write_rollout_progress
 from .stack_session import StackSession, materialise_program, stack_state_dir, update_request, wait_for_reference
+
+
+# How often a running update's backend is probed: an outage shows on the Stack within this and a probe's timeout.
+BACKEND_PROBE_SECONDS = 10.0
 
 
 def _is_prerequisite(session: StackSession) -> bool:
@@ -262,7 +269,9 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         post_event(session.body, st.EVENT_UPDATE_DETECTED, plan.message, revision=revision)
         await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
                             currentUpdate=st.current_update(run))
-        result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request))
+        async with backend_watched(session, spec.backend, f"the {run.kind} {run.name}"):
+            result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview"
+                                          else ctx.engine.up(request))
         metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
         if approval is not None and approval.identity is not None and result.ok:
             return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
@@ -320,6 +329,43 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         return soonest(after.requeue_after, next_check)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def backend_watched(session: StackSession, backend: str, what: str):
+    """While `what` (a run) lasts its backend is probed: an outage shows on the Stack (Reconciling, reason
+    BackendUnreachable, and a Warning Event) until the backend answers again."""
+    address = backend_address(backend)
+    watcher = asyncio.create_task(_watch_backend(session, address, what)) if address else None
+    try:
+        yield
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+
+async def _watch_backend(session: StackSession, address: tuple[str, int], what: str) -> None:
+    where, down = f"{address[0]}:{address[1]}", False
+    while True:
+        await asyncio.sleep(BACKEND_PROBE_SECONDS)
+        problem = await unreachable(address)
+        if bool(problem) == down:
+            continue
+        down = bool(problem)
+        if down:
+            message = f"the state backend at {where} does not answer ({problem}): {what} waits for it and goes on " \
+                      "once it answers"
+            post_event(session.body, st.EVENT_BACKEND_UNREACHABLE, message, warning=True)
+            verdict = st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message)
+        else:
+            post_event(session.body, st.EVENT_BACKEND_REACHABLE,
+                       f"the state backend at {where} answers again: {what} goes on")
+            verdict = st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed")
+        try:
+            await session.write(verdict)
+        except Exception as err:  # noqa: BLE001 - the status is a courtesy here; the Event went out, the run goes on
+            session.logger.warning("cannot write the backend's state to the status: %s", redact(str(err)))
 
 
 async def _succeeded_fields(session: StackSession, spec: StackSpec, run: st.RunRecord,

@@ -1,0 +1,132 @@
+"""The object store a running update keeps its state in goes away for a while: the Stack says so while it
+lasts (Reconciling, reason BackendUnreachable, and a Warning Event naming where), says when it is back,
+and ends Ready with no lock left (issue #27 item 4: before, it only said "stack is being processed").
+
+The store is the real MinIO; the outage is its TCP path cut (every connection closed, new ones
+refused) and mended, so the session's MinIO serves the other tests meanwhile."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+
+from strata_components import s3
+from strata_components.local import processes
+
+from .conftest import PASSPHRASE, Stacks, has_condition, stash_program
+
+RESOURCES = 120  # enough checkpoint writes that the update is still running when the path is cut
+OUTAGE = 30.0
+
+
+class CuttableLink:
+    """A TCP path from a local port to `target` that can be cut and mended."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target, self.port = target, processes.free_ports(1)[0]
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def mend(self) -> None:
+        listening = socket.socket()
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(("127.0.0.1", self.port))
+        listening.listen(64)
+        self._keep(listening)
+        threading.Thread(target=self._accept, args=(listening,), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def _keep(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+
+    def _accept(self, listening: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listening.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            self._keep(client)
+            self._keep(upstream)
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def _locks(endpoint: str, bucket: str, root: s3.Credentials) -> list[str]:
+    status, body = s3.request(endpoint, "GET", f"/{bucket}", root,
+                              query={"list-type": "2", "prefix": ".pulumi/locks/"})
+    assert status == 200, body
+    return [part.split("</Key>")[0] for part in body.split("<Key>")[1:]]
+
+
+def test_a_running_updates_object_store_gone_for_a_while_is_said_while_it_lasts_and_the_update_ends_ready(
+        stacks: Stacks, object_store):
+    endpoint, root = object_store
+    bucket = f"outage-{uuid.uuid4().hex[:8]}"
+    s3.ensure_bucket(endpoint, bucket, root)
+    host, port = endpoint.removeprefix("http://").split(":")
+    link = CuttableLink((host, int(port)))
+    link.mend()
+    try:
+        stacks.secret("store", {"AWS_ACCESS_KEY_ID": root.access_key_id, "AWS_SECRET_ACCESS_KEY": root.secret_access_key,
+                                "passphrase": PASSPHRASE})
+        stacks.program("many", stash_program(**{f"r{i}": f"v{i}" for i in range(RESOURCES)}))
+        backend = f"s3://{bucket}?endpoint=http://127.0.0.1:{link.port}&use_path_style=true&region={s3.REGION}"
+        stacks.create("stored", stacks.spec(programRef={"name": "many"}, backend=backend, envRefs={
+            name: {"type": "Secret", "secret": {"name": "store", "key": key}}
+            for name, key in (("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
+                              ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
+                              ("PULUMI_CONFIG_PASSPHRASE", "passphrase"))}))
+        # Mid-update: the engine holds the stack's lock in the bucket.
+        processes.wait_until(lambda: _locks(endpoint, bucket, root), 120, "the update holding its lock", interval=0.2)
+        link.cut()
+        cut = time.monotonic()
+
+        stalled = stacks.wait(
+            "stored", lambda o: has_condition(o, "Reconciling", "BackendUnreachable"), 30,
+            "Reconciling/BackendUnreachable while the store is away")
+        said = {c["type"]: c for c in stalled["status"]["conditions"]}["Reconciling"]["message"]
+        assert f"127.0.0.1:{link.port} does not answer (Connection refused)" in said, said
+        (warning,) = stacks.wait_events("stored", "BackendUnreachable")
+        assert warning.type == "Warning" and f"127.0.0.1:{link.port}" in warning.message
+
+        time.sleep(max(0.0, OUTAGE - (time.monotonic() - cut)))
+        link.mend()
+        ready = stacks.wait_ready("stored", timeout=180)
+        assert ready["status"]["lastUpdate"]["state"] == "succeeded"
+        assert len(ready["status"]["outputs"]) == RESOURCES
+        assert stacks.wait_events("stored", "BackendReachable", timeout=30)
+        assert _locks(endpoint, bucket, root) == []
+    finally:
+        link.cut()
