@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow Env and FS refs (PKO v1's meaning: they read the operator's own environment and "
                         "files) and a PKO Workspace's local.dir from the operator's host; off by default, so that "
                         "whoever may write a Stack cannot read the operator's credentials through them")
+    p.add_argument("--backend-probe-seconds", type=float, default=10.0,
+                   help="while an update runs, how often the operator checks that its state backend takes a "
+                        "connection, saying BackendUnreachable on the Stack when not (0: off, for an operator "
+                        "whose network may not reach the backends its workspace pods reach)")
     p.add_argument("--metrics-port", type=int, default=8383, help="Prometheus metrics port (0: off)")
     p.add_argument("--health-port", type=int, default=8384, help="liveness/readiness port (0: off)")
     p.add_argument("--no-leader-election", action="store_true",
@@ -217,7 +221,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     settings = OperatorSettings(
         engine=engine,
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
-        allow_operator_refs=args.operator_refs,
+        allow_operator_refs=args.operator_refs, backend_probe_seconds=args.backend_probe_seconds,
         metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
         workspace=workspace, shard=shard)
     start_trimming()  # the free heap a burst of Stacks leaves goes back to the system

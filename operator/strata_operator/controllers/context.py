@@ -35,6 +35,9 @@ class OperatorSettings:
     stall_after_failures: int = DEFAULT_STALL_AFTER_FAILURES
     min_resync_seconds: int = MIN_RESYNC_SECONDS
     allow_operator_refs: bool = False  # PKO v1's Env/FS refs read the operator's env/files
+    # How often a running update's backend is probed (services/backend_probe.py); 0: never (an operator
+    # whose egress may not reach the backends its workspace pods reach would report outages that are not).
+    backend_probe_seconds: float = 10.0
     metrics_port: int = 8383
     kubeconfig: str | None = None
     flux_events_address: str = ""  # Flux notification-controller event server; "" is off

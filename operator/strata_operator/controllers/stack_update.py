@@ -40,10 +40,6 @@ from .stack_rollout import rollout_stacks, write_rollout_progress
 from .stack_session import StackSession, materialise_program, stack_state_dir, update_request, wait_for_reference
 
 
-# How often a running update's backend is probed: an outage shows on the Stack within this and a probe's timeout.
-BACKEND_PROBE_SECONDS = 10.0
-
-
 def _is_prerequisite(session: StackSession) -> bool:
     """Whether a live Stack in the namespace lists this one as a prerequisite (its secret outputs then
     need real values for their digests)."""
@@ -335,8 +331,8 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
 async def backend_watched(session: StackSession, backend: str, what: str):
     """While `what` (a run) lasts its backend is probed: an outage shows on the Stack (Reconciling, reason
     BackendUnreachable, and a Warning Event) until the backend answers again."""
-    address = backend_address(backend)
-    watcher = asyncio.create_task(_watch_backend(session, address, what)) if address else None
+    address, every = backend_address(backend), session.ctx.settings.backend_probe_seconds
+    watcher = asyncio.create_task(_watch_backend(session, address, what, every)) if address and every > 0 else None
     try:
         yield
     finally:
@@ -345,10 +341,10 @@ async def backend_watched(session: StackSession, backend: str, what: str):
             await asyncio.gather(watcher, return_exceptions=True)
 
 
-async def _watch_backend(session: StackSession, address: tuple[str, int], what: str) -> None:
+async def _watch_backend(session: StackSession, address: tuple[str, int], what: str, every: float) -> None:
     where, down = f"{address[0]}:{address[1]}", False
     while True:
-        await asyncio.sleep(BACKEND_PROBE_SECONDS)
+        await asyncio.sleep(every)
         problem = await unreachable(address)
         if bool(problem) == down:
             continue

@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from strata_operator.main import build_parser
 from strata_operator.services.backend_probe import backend_address, unreachable
 
 
@@ -34,3 +35,8 @@ def test_the_probe_says_why_an_address_takes_no_connection_and_nothing_when_it_d
         port = listening.getsockname()[1]
         assert asyncio.run(unreachable(("127.0.0.1", port))) == ""
     assert asyncio.run(unreachable(("127.0.0.1", port))) == "Connection refused"
+
+
+def test_the_probe_period_is_a_flag_and_zero_turns_it_off():
+    assert build_parser().parse_args([]).backend_probe_seconds == 10.0
+    assert build_parser().parse_args(["--backend-probe-seconds", "0"]).backend_probe_seconds == 0.0
