@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from strata_components import s3
 from strata_components.local import processes
 from strata_components.team import build_team_source, build_team_sync
+from strata_components.team_state import TeamStateCredentialsProvider
 
 from .conftest import (GROUP, PASSPHRASE, VERSION, Stacks, condition, has_condition, stash_program, team_identity,
                        unique)
@@ -59,14 +62,14 @@ def stack(namespace: str, name: str, backend: str, **spec: Any) -> str:
                                     **spec}})
 
 
-def app(namespace: str, backend: str, greeting: str) -> dict[str, str]:
-    """Alpha's legitimate app: a Program and its Stack, in alpha's directory."""
+def app(namespace: str, backend: str, greeting: str, **spec: Any) -> dict[str, str]:
+    """Alpha's legitimate app: a Program and its Stack (`spec` added to its spec), in alpha's directory."""
     program = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Program",
                "metadata": {"name": "app", "namespace": namespace,
                             "annotations": {"kustomize.toolkit.fluxcd.io/substitute": "disabled"}},
                "program": stash_program(greeting=greeting)}
     return {"teams/alpha/program.yaml": yaml.safe_dump(program),
-            "teams/alpha/app.yaml": stack(namespace, "app", backend, programRef={"name": "app"})}
+            "teams/alpha/app.yaml": stack(namespace, "app", backend, programRef={"name": "app"}, **spec)}
 
 
 class Team:
@@ -199,6 +202,70 @@ def test_a_team_commit_reaches_only_what_the_team_may_touch(teams, operator):
                         "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml")}, "alpha's app v2")
     alpha.wait_applied(commit)
     assert alpha.stacks.get("app")["status"]["outputs"] == {"greeting": "v2"}
+
+
+def _objects(endpoint: str, bucket: str, credentials: s3.Credentials) -> list[str]:
+    """Every object in `bucket`: its key, modification time and ETag."""
+    status, body = s3.request(endpoint, "GET", f"/{bucket}", credentials, query={"list-type": "2"})
+    assert status == 200, body
+    return sorted(part.split("</ETag>")[0] for part in body.split("<Key>")[1:])
+
+
+def test_a_team_commit_whose_stack_reads_another_teams_state_is_refused_by_the_object_store(teams, object_store):
+    """5. State per team (the cluster stack's object store): alpha holds STS credentials for its own bucket
+    only, in its namespace as the platform layer hands them over. A commit under alpha's path whose Stack
+    keeps its state in beta's bucket - the engine lists and reads beta's state objects - fails with the
+    store's AccessDenied, and nothing of beta's is read or changed."""
+    alpha, beta, url, _backends = teams
+    endpoint, root = object_store
+    platform_bucket = f"tenancy-{uuid.uuid4().hex[:8]}"
+    sessions = {}
+    for team in ("alpha", "beta"):
+        outs = TeamStateCredentialsProvider().create({
+            "endpoint": endpoint, "bucket": s3.team_bucket(platform_bucket, team, f"teams ({team})"),
+            "lifetime_seconds": 3600,
+            "store_credentials": {"access_key_id": root.access_key_id,
+                                  "secret_access_key": root.secret_access_key}}).outs
+        sessions[team] = (outs["bucket"], s3.Credentials(outs["access_key_id"], outs["secret_access_key"],
+                                                         outs["session_token"]))
+    (alpha_bucket, alpha_credentials), (beta_bucket, beta_credentials) = sessions["alpha"], sessions["beta"]
+    alpha.core.create_namespaced_secret(alpha.namespace, {"metadata": {"name": "strata-state-credentials"},
+                                                          "stringData": dict(zip(s3.CREDENTIAL_ENV, (
+                                                              alpha_credentials.access_key_id,
+                                                              alpha_credentials.secret_access_key,
+                                                              alpha_credentials.session_token)))})
+    # beta's state, as beta's own updates leave it.
+    status, _ = s3.request(endpoint, "PUT", f"/{beta_bucket}/.pulumi/stacks/strata-app-team/beta.json",
+                           beta_credentials, payload=b'{"version": 3, "checkpoint": {"stack": "beta-only-5e2d"}}')
+    assert status == 200
+    before = _objects(endpoint, beta_bucket, root)
+
+    def backend(bucket: str) -> str:
+        return f"s3://{bucket}?endpoint={endpoint}&use_path_style=true&region={s3.REGION}"
+
+    env_refs = {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi", "key": "passphrase"}},
+                **{name: {"type": "Secret", "secret": {"name": "strata-state-credentials", "key": name}}
+                   for name in s3.CREDENTIAL_ENV}}
+    # Never destroyed (its destroy would be refused too, holding the namespace's deletion).
+    snoop = stack(alpha.namespace, "snoop", backend(beta_bucket), programRef={"name": "app"}, envRefs=env_refs,
+                  destroyOnFinalize=False)
+    legit = app(alpha.namespace, backend(alpha_bucket), "v1", envRefs=env_refs)
+    commit = push(url, {**legit, "teams/alpha/snoop.yaml": snoop,
+                        "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml", "snoop.yaml")},
+                  "a Stack keeping its state in beta's bucket")
+    alpha.wait_sync(lambda o: (o.get("status") or {}).get("lastAttemptedRevision", "").endswith(commit),
+                    f"attempted {commit[:8]}")
+    failed = alpha.stacks.wait("snoop", lambda o: "AccessDenied" in (
+        ((o.get("status") or {}).get("lastUpdate") or {}).get("message", "")), 180,
+        "its update refused by the store (AccessDenied)")
+    assert failed["status"]["lastUpdate"]["state"] == "failed"
+    assert "beta-only-5e2d" not in str(failed["status"]) and "beta-only-5e2d" not in str(
+        [e.message for e in alpha.stacks.events("snoop")])
+    assert _objects(endpoint, beta_bucket, root) == before, "something changed beta's state"
+    # Alpha's own Stack, on alpha's bucket with the same credentials, deploys.
+    ready = alpha.stacks.wait_ready("app", timeout=180)
+    assert ready["status"]["outputs"] == {"greeting": "v1"}
+    assert _objects(endpoint, alpha_bucket, root)
 
 
 def test_ready_means_the_newest_commit_ran(teams, operator):
