@@ -117,8 +117,10 @@ def wait_for_fleet(bench: Bench, what: str, finished: Callable[[list[dict]], boo
             return fleet, now - started
         if now - said >= 10:
             shown = [s for s in fleet if watched is None or s["metadata"]["name"] in watched]
+            pid = bench.operator.pid()
             print(f"  {what}, {now - started:5.0f} s: {sum(map(done, shown))}/{len(shown)} done, "
-                  f"{sum(map(in_progress, shown))} in progress, operator pid {bench.operator.pid()}", flush=True)
+                  f"{sum(map(in_progress, shown))} in progress, "
+                  f"{f'operator pid {pid}' if pid else 'no operator running (between N and N+1)'}", flush=True)
             said = now
         if now - started > timeout:
             stuck = [s["metadata"]["name"] for s in fleet if not done(s) and (watched is None
