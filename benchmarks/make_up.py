@@ -77,7 +77,9 @@ def node_memory(kubeconfig: Path) -> dict:
     try:
         for node in core.list_node().items:
             try:
-                summary = json.loads(core.connect_get_node_proxy_with_path(node.metadata.name, "stats/summary"))
+                # Raw: the client would turn the JSON into a dict's repr for a `str` return type.
+                summary = json.loads(core.connect_get_node_proxy_with_path(node.metadata.name, "stats/summary",
+                                                                           _preload_content=False).data)
             except (client.ApiException, ValueError):
                 continue  # a kwok node: no kubelet behind it
             found[node.metadata.name] = {
