@@ -190,6 +190,8 @@ async def workspace_event(type: str | None, body: kopf.Body, namespace: str, nam
             loop.task.cancel()
         if not ctx.engine.busy(workspace_key(namespace, name)):
             shutil.rmtree(workspace_dir(ctx, namespace, name), ignore_errors=True)
+        if type == "DELETED":  # what a foreground delete's run kept from the garbage collector goes now
+            await ctx.engine.release(workspace_key(namespace, name))
         ctx.engine.forget(workspace_key(namespace, name))
         return
     body = dict(body)
