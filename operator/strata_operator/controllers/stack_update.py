@@ -332,36 +332,52 @@ async def backend_watched(session: StackSession, backend: str, what: str):
     """While `what` (a run) lasts its backend is probed: an outage shows on the Stack (Reconciling, reason
     BackendUnreachable, and a Warning Event) until the backend answers again."""
     address, every = backend_address(backend), session.ctx.settings.backend_probe_seconds
-    watcher = asyncio.create_task(_watch_backend(session, address, what, every)) if address and every > 0 else None
+    if address is None or every <= 0:
+        yield
+        return
+    watch = BackendWatch(session, address, what)
+    watcher = asyncio.create_task(watch.run(every))
     try:
         yield
     finally:
-        if watcher is not None:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        if watch.down and not await unreachable(address):
+            # The run ended before the next probe saw the backend back: the pair of Events still closes.
+            watch.reachable()
 
 
-async def _watch_backend(session: StackSession, address: tuple[str, int], what: str, every: float) -> None:
-    where, down = f"{address[0]}:{address[1]}", False
-    while True:
-        await asyncio.sleep(every)
-        problem = await unreachable(address)
-        if bool(problem) == down:
-            continue
-        down = bool(problem)
-        if down:
-            message = f"the state backend at {where} does not answer ({problem}): {what} waits for it and goes on " \
-                      "once it answers"
-            post_event(session.body, st.EVENT_BACKEND_UNREACHABLE, message, warning=True)
-            verdict = st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message)
-        else:
-            post_event(session.body, st.EVENT_BACKEND_REACHABLE,
-                       f"the state backend at {where} answers again: {what} goes on")
-            verdict = st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed")
-        try:
-            await session.write(verdict)
-        except Exception as err:  # noqa: BLE001 - the status is a courtesy here; the Event went out, the run goes on
-            session.logger.warning("cannot write the backend's state to the status: %s", redact(str(err)))
+class BackendWatch:
+    """A running update's backend, probed; an outage said once when it starts and once when it ends."""
+
+    def __init__(self, session: StackSession, address: tuple[str, int], what: str):
+        self.session, self.what, self.address = session, what, address
+        self.where, self.down = f"{address[0]}:{address[1]}", False
+
+    async def run(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            problem = await unreachable(self.address)
+            if bool(problem) == self.down:
+                continue
+            if problem:
+                self.down = True
+                message = f"the state backend at {self.where} does not answer ({problem}): {self.what} waits for " \
+                          "it and goes on once it answers"
+                post_event(self.session.body, st.EVENT_BACKEND_UNREACHABLE, message, warning=True)
+                verdict = st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message)
+            else:
+                self.reachable()
+                verdict = st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed")
+            try:
+                await self.session.write(verdict)
+            except Exception as err:  # noqa: BLE001 - the status is a courtesy here; the Event went out, the run goes on
+                self.session.logger.warning("cannot write the backend's state to the status: %s", redact(str(err)))
+
+    def reachable(self) -> None:
+        self.down = False
+        post_event(self.session.body, st.EVENT_BACKEND_REACHABLE,
+                   f"the state backend at {self.where} answers again: {self.what} goes on")
 
 
 async def _succeeded_fields(session: StackSession, spec: StackSpec, run: st.RunRecord,
