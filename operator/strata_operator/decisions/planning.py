@@ -140,13 +140,19 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
     return Plan(kind, f"Unrecognised last update state {last.get('state')!r}")
 
 
+def ready_for_another_revision(status: dict[str, Any], revision: str) -> bool:
+    """Whether a Stack reads Ready for a revision other than `revision`: kstatus would call it current
+    though it has not run `revision` yet (and has not said it will)."""
+    ready = condition(status, READY)
+    return bool(ready) and ready.get("status") == "True" and ready.get("reason") != SUSPENDED and (
+        (status.get("lastUpdate") or {}).get("lastAttemptedCommit") != revision)
+
+
 def new_revision_verdict(status: dict[str, Any], plan: Plan, revision: str) -> Verdict | None:
     """Reconciling, at once, for a Ready Stack about to run a revision it has not run yet. Its Ready is the
     previous revision's: kstatus, and so a Flux Kustomization waiting on the Stack, would read it as
     current and call a commit deployed before it is. None when nothing needs saying before the run."""
-    ready = condition(status, READY)
-    last = status.get("lastUpdate") or {}
-    if plan.run is None or not ready or ready.get("status") != "True" or last.get("lastAttemptedCommit") == revision:
+    if plan.run is None or not ready_for_another_revision(status, revision):
         return None
     return Verdict("reconciling", RECONCILING_PROCESSING, plan.message)
 

@@ -9,8 +9,8 @@ from strata_operator.decisions.outputs import combine_digests
 from strata_operator.decisions.planning import (Requests, check_prerequisite, consumed_digest, drift_check_due,
                                                 drift_status, ever_deployed, missing_service_account,
                                                 new_revision_verdict, plan_finalize, plan_on_prerequisite_outputs,
-                                                plan_stack,
-                                                prerequisite_digests, prerequisites_verdict, suspended_verdict,
+                                                plan_stack, prerequisite_digests, prerequisites_verdict,
+                                                ready_for_another_revision, suspended_verdict,
                                                 terminating_namespace_message)
 from strata_operator.api.stack import Prerequisite, Requirement, parse_stack_spec
 from strata_operator.api.status import RunRecord, failed_update, rfc3339, succeeded_update
@@ -167,6 +167,18 @@ def test_a_ready_stack_about_to_run_a_new_revision_says_reconciling_before_anyth
     assert new_revision_verdict(ready, plan_stack(spec(), 2, Requests(), ok(), SHA, NOW), SHA) is None
     assert new_revision_verdict(ready, plan_stack(spec(), 1, Requests(), ok(), SHA, NOW), SHA) is None
     assert new_revision_verdict({"lastUpdate": ok()}, plan, "b" * 40) is None
+
+
+def test_a_stack_reads_ready_for_another_revision_until_it_ran_or_announced_the_new_one():
+    """What a changed Program waits on before saying it is current (controllers/program.py)."""
+    ready = {"conditions": [{"type": "Ready", "status": "True", "reason": "ProcessingCompleted"}], "lastUpdate": ok()}
+    assert ready_for_another_revision(ready, "app/2")
+    assert not ready_for_another_revision({**ready, "lastUpdate": {**ok(), "lastAttemptedCommit": "app/2"}}, "app/2")
+    announced = {"conditions": [{"type": "Ready", "status": "False", "reason": "NotReadyInProgress"}]}
+    assert not ready_for_another_revision(announced, "app/2")
+    # A suspended Stack keeps its last Ready and will not run: nothing to wait for.
+    suspended = {"conditions": [{"type": "Ready", "status": "True", "reason": "Suspended"}], "lastUpdate": ok()}
+    assert not ready_for_another_revision(suspended, "app/2")
 
 
 def test_a_failed_preview_is_reconciling_preview_failed_until_the_stall():
