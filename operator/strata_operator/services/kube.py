@@ -267,7 +267,7 @@ class Kube:
 
     # Workspace pods (the pod executor): the pod, its agent Secret and its default ServiceAccount.
     async def get_pod(self, namespace: str, name: str) -> dict | None:
-        return await self._core_get(f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
+        return await self.get_core(namespace, "pods", name)
 
     async def create_pod(self, namespace: str, body: dict) -> dict:
         return await self._call(self._core, "POST", f"/api/v1/namespaces/{quote(namespace)}/pods", body)

@@ -329,17 +329,20 @@ class PodEngine(SerializedEngine):
         """The Stack's running workspace pod, created or replaced as needed; waits until its agent answers."""
         names = WorkspaceNames.of(request.stack_key)
         namespace = names.namespace
-        owner = await self._owner(names)
-        if owner is None:
-            await self._disown(names)
         pod = await self.kube.get_pod(namespace, names.pod)
         known = self._known.get(request.stack_key)
-        desired = self._desired_pod(request, owner)
+        desired = self._desired_pod(request, None)  # the spec hash leaves the owner out
+        # A pod the garbage collector is deleting is never reused; one it leaves alone (its owner deleted in
+        # the background, waiting for this finalizer) outlives the destroy as it is.
         if pod is not None and known is not None and pod["metadata"]["uid"] == known.uid and pod_ready(pod) \
                 and not pod["metadata"].get("deletionTimestamp") and spec_hash(pod) == spec_hash(desired):
             # A restarted node can give the same pod a new address.
             known.address, known.restarts = f"https://{pod['status']['podIP']}:{AGENT_PORT}", restarted(pod)
             return known
+        owner = await self._owner(names)
+        if owner is None:
+            await self._disown(names)
+        desired = self._desired_pod(request, owner)
         if names.service_account and not request.service_account \
                 and not (request.workspace_template.get("spec") or {}).get("serviceAccountName"):
             await self.kube.create_service_account(namespace, build_service_account(names, owner))
