@@ -46,6 +46,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
     # A Stack's daemon told to stop returns at once when idle (it drains only a running update): waiting a
     # moment for that spares a deleted Stack's finalizer Kopf's re-check after the whole drain period.
     settings.background.instant_exit_timeout = 2.0
+    if memo.get("watched_namespaces"):
+        # `--namespace` takes exact names: nothing to scan for. Scanning, Kopf drops a namespace from its
+        # watch once it reads it terminating with no condition yet True (what a namespace with pods reads
+        # first), so its Stacks' deletion went unseen and their finalizers held the namespace for good.
+        settings.scanning.disabled = True
     install_log_redaction()
     kube = Kube.from_environment(options.kubeconfig)
     engine: Engine = (PodEngine(options.engine, options.workspace, kube) if options.workspace is not None
