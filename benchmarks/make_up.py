@@ -145,9 +145,14 @@ def report(title: str, figures: dict) -> None:
         detail = (f"   environment {run['environment']:.1f} s, run {run['total']:.1f} s" if "total" in run
                   and "environment" in run else f"   run {run['total']:.1f} s" if "total" in run else "")
         print(f"  {key:45} Ready at {when:6.1f} s{detail}")
-    for node, memory in sorted(figures.get("memory", {}).items()):
-        pods = ", ".join(f"{pod} {mb}" for pod, mb in sorted(memory["pods_mb"].items()))
-        print(f"  node {node}: {memory['node_mb']} MB working set; pods (MB): {pods}")
+    say_memory(figures.get("memory", {}))
+
+
+def say_memory(memory: dict) -> None:
+    """node_memory's reading, a line per node."""
+    for node, reading in sorted(memory.items()):
+        pods = ", ".join(f"{pod} {mb}" for pod, mb in sorted(reading["pods_mb"].items()))
+        print(f"  node {node}: {reading['node_mb']} MB working set; pods (MB): {pods}")
 
 
 def main() -> None:
