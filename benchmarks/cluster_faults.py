@@ -26,24 +26,22 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from statistics import median
 
 from kubernetes import client
 
-from harness import GROUP, VERSION, Heartbeat, S3Bucket, is_ready, stash_program, write_json
+from harness import (GROUP, VERSION, Heartbeat, S3Bucket, cluster_platform, is_ready, object_store_secret,
+                     stash_program, write_json)
 from strata_components import s3
 from strata_components.local import objectstore, realnode
 from strata_components.local.images import build_operator_image, user_pulumi_install
 from strata_components.local.kube import api_client, server_side_apply
 from strata_components.local.operator_host import OPERATOR_NAMESPACE, install_operator_api
-from strata_components.local.platform import LocalPlatform, PlatformConfig
-from strata_components.local.toolchain import installed, profile_tools
+from strata_components.local.platform import LocalPlatform
 from strata_components.operator import LABELS, build_operator_objects, load_packaged_manifests
 
 # The object store last: a lock its outage left in the backend would hold every later round's updates.
@@ -146,13 +144,8 @@ def create_team(cluster: Cluster, count: int, resources: int) -> None:
     """The team namespace, its Secret (the object store's keys and a passphrase), the Program and the Stacks."""
     cluster.platform.create_bucket(BUCKET)
     cluster.core.create_namespace({"metadata": {"name": TEAM}})
-    access_key, secret_key = objectstore.read_credentials(cluster.platform.object_store_credentials)
-    passphrase = uuid.uuid4().hex
+    env_refs, passphrase = object_store_secret(cluster.platform, cluster.core, TEAM)
     cluster.redact.secrets.append(passphrase)
-    cluster.core.create_namespaced_secret(TEAM, {"metadata": {"name": "object-store"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key, "PULUMI_CONFIG_PASSPHRASE": passphrase}})
-    env_refs = {key: {"type": "Secret", "secret": {"name": "object-store", "key": key}}
-                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PULUMI_CONFIG_PASSPHRASE")}
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM, "programs", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": PROGRAM},
         "program": stash_program(resources, "fill")})
@@ -416,65 +409,52 @@ def main() -> int:
     faults = args.faults.split(",")
     if set(faults) - set(FAULTS):
         parser.error(f"--faults: choose from {FAULTS}")
-    if os.geteuid() != 0:
-        raise SystemExit("run as root: real nodes change the host")
     hb = Heartbeat()
-    toolchain = installed(profile_tools("cluster"))
-    missing = realnode.missing_requirements(toolchain.bin("kubelet"))
-    if missing:
-        raise SystemExit("real nodes cannot start here: " + "; ".join(missing))
     figures: dict = {"stacks": args.stacks, "resources": args.resources, "hold_seconds": args.hold, "rounds": {},
                      "cpus": os.cpu_count(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with tempfile.TemporaryDirectory(prefix="strata-bench-faults-") as scratch:
-        platform = LocalPlatform(PlatformConfig(state_dir=Path(scratch) / "cluster", profile="cluster"), toolchain)
-        try:
-            hb.phase("starting a scratch platform of the cluster profile (2 real nodes, registry, object store)")
-            platform.up(say=hb.say)
-            with api_client(platform.kubeconfig_path) as api:
-                cluster = Cluster(platform, api, hb)
-                figures["operator_image"] = start_operator(cluster, toolchain)
-                fill_wall = time.time()
-                create_team(cluster, args.stacks, args.resources)
-                revision = program_revision(cluster)
-                hb.phase(f"the fill: {args.stacks} Stacks of {args.resources} Stash resources, state in s3://{BUCKET}")
-                fill_started = time.monotonic()
+    with cluster_platform(hb, "strata-bench-faults-") as (platform, toolchain, _), \
+            api_client(platform.kubeconfig_path) as api:
+        cluster = Cluster(platform, api, hb)
+        figures["operator_image"] = start_operator(cluster, toolchain)
+        fill_wall = time.time()
+        create_team(cluster, args.stacks, args.resources)
+        revision = program_revision(cluster)
+        hb.phase(f"the fill: {args.stacks} Stacks of {args.resources} Stash resources, state in s3://{BUCKET}")
+        fill_started = time.monotonic()
 
-                def filled() -> bool:
-                    fleet = cluster.stacks() or []
-                    hb.doing = f"the fill: {sum(done(s, revision) for s in fleet)}/{args.stacks} done"
-                    return len(fleet) == args.stacks and all(done(s, revision) for s in fleet)
-                cluster.wait(filled, 900, f"every Stack Ready with {revision}")
-                fill = backend_figures(cluster, fill_wall, args.stacks)
-                figures["fill"] = {"seconds": round(time.monotonic() - fill_started, 1),
-                                   "update_seconds_median": fill["update_seconds_median"],
-                                   "engine_runs": fill["engine_runs"], "locks_left": len(fill["locks_left"])}
-                hb.say(f"fill: all Ready in {figures['fill']['seconds']} s, median update "
-                       f"{fill['update_seconds_median']} s, engine runs {fill['engine_runs']}")
-                for name in faults:
-                    result = run_round(cluster, name, args.stacks, args.resources, args.hold, args.patience)
-                    result.update(backend_figures(cluster, result.pop("changed_wall"), args.stacks))
-                    fleet = cluster.stacks() or []
-                    result["stacks_not_ready"] = sorted(s["metadata"]["name"] for s in fleet if not is_ready(s))
-                    result["not_done"] = {s["metadata"]["name"]: not_done(cluster, s) for s in fleet
-                                          if not done(s, result["revision"])}
-                    result["operator_pods"] = {p.metadata.name: {"node": p.spec.node_name, "restarts": sum(
-                        c.restart_count for c in p.status.container_statuses or [])} for p in cluster.operator_pods()}
-                    result["leader"] = cluster.leader()
-                    figures["rounds"][name] = result
-                    say_round(hb, name, result)
-                    write_json(args.json, figures)
-                hb.phase("the end: 10 s for a late run or a Stack falling back")
-                time.sleep(10)
-                stacks = cluster.stacks() or []
-                figures["end"] = {"stacks_not_ready": sorted(s["metadata"]["name"] for s in stacks if not is_ready(s)),
-                                  "locks_left": cluster.bucket.locks(),
-                                  "load_average_1m": round(os.getloadavg()[0], 1)}
-                hb.say(f"end: {len(stacks)} Stacks, not Ready {figures['end']['stacks_not_ready']}, locks left "
-                       f"{figures['end']['locks_left']}, 1-min load {figures['end']['load_average_1m']}")
-                write_json(args.json, figures)
-        finally:
-            hb.phase("stopping the scratch platform")
-            platform.down(say=hb.say)
+        def filled() -> bool:
+            fleet = cluster.stacks() or []
+            hb.doing = f"the fill: {sum(done(s, revision) for s in fleet)}/{args.stacks} done"
+            return len(fleet) == args.stacks and all(done(s, revision) for s in fleet)
+        cluster.wait(filled, 900, f"every Stack Ready with {revision}")
+        fill = backend_figures(cluster, fill_wall, args.stacks)
+        figures["fill"] = {"seconds": round(time.monotonic() - fill_started, 1),
+                           "update_seconds_median": fill["update_seconds_median"],
+                           "engine_runs": fill["engine_runs"], "locks_left": len(fill["locks_left"])}
+        hb.say(f"fill: all Ready in {figures['fill']['seconds']} s, median update "
+               f"{fill['update_seconds_median']} s, engine runs {fill['engine_runs']}")
+        for name in faults:
+            result = run_round(cluster, name, args.stacks, args.resources, args.hold, args.patience)
+            result.update(backend_figures(cluster, result.pop("changed_wall"), args.stacks))
+            fleet = cluster.stacks() or []
+            result["stacks_not_ready"] = sorted(s["metadata"]["name"] for s in fleet if not is_ready(s))
+            result["not_done"] = {s["metadata"]["name"]: not_done(cluster, s) for s in fleet
+                                  if not done(s, result["revision"])}
+            result["operator_pods"] = {p.metadata.name: {"node": p.spec.node_name, "restarts": sum(
+                c.restart_count for c in p.status.container_statuses or [])} for p in cluster.operator_pods()}
+            result["leader"] = cluster.leader()
+            figures["rounds"][name] = result
+            say_round(hb, name, result)
+            write_json(args.json, figures)
+        hb.phase("the end: 10 s for a late run or a Stack falling back")
+        time.sleep(10)
+        stacks = cluster.stacks() or []
+        figures["end"] = {"stacks_not_ready": sorted(s["metadata"]["name"] for s in stacks if not is_ready(s)),
+                          "locks_left": cluster.bucket.locks(),
+                          "load_average_1m": round(os.getloadavg()[0], 1)}
+        hb.say(f"end: {len(stacks)} Stacks, not Ready {figures['end']['stacks_not_ready']}, locks left "
+               f"{figures['end']['locks_left']}, 1-min load {figures['end']['load_average_1m']}")
+        write_json(args.json, figures)
     return 0
 
 

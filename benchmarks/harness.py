@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+import uuid
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -22,13 +23,13 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from strata_components import s3
-from strata_components.local import realnode
+from strata_components.local import objectstore, realnode
 from strata_components.local.images import build_operator_image, load_image, user_pulumi_install
 from strata_components.local.kube import api_client
 from strata_components.local.processes import descendants
 from strata_components.local.operator_host import OperatorHost, operator_host
 from strata_components.local.platform import LocalPlatform, PlatformConfig
-from strata_components.local.toolchain import installed
+from strata_components.local.toolchain import Toolchain, installed, profile_tools
 
 GROUP, VERSION = "pulumi.com", "v1"
 PASSPHRASE = "benchmark-passphrase"
@@ -281,6 +282,18 @@ def _team_namespace(api: client.ApiClient, namespace: str) -> None:
         "passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
 
 
+def object_store_secret(platform: LocalPlatform, core: client.CoreV1Api, namespace: str) -> tuple[dict, str]:
+    """A Secret `object-store` in `namespace`: the platform's object-store keys and a new passphrase. Returns
+    the Stack envRefs that pass them to its updates, and the passphrase (for whatever must redact it)."""
+    access_key, secret_key = objectstore.read_credentials(platform.object_store_credentials)
+    passphrase = uuid.uuid4().hex
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "object-store"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key, "PULUMI_CONFIG_PASSPHRASE": passphrase}})
+    env_refs = {key: {"type": "Secret", "secret": {"name": "object-store", "key": key}}
+                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "PULUMI_CONFIG_PASSPHRASE")}
+    return env_refs, passphrase
+
+
 def node_state_dir(scratch: Path, namespace: str) -> Path:
     """The node's directory behind the pod executor's state volume of `namespace`."""
     return scratch / "node-state" / namespace
@@ -312,6 +325,16 @@ def workspace_agents() -> list[int]:
     return found
 
 
+def pod_executor_args(image: str, pull_policy: str, namespace: str) -> tuple[str, ...]:
+    """A host operator's arguments for the pod executor: workspace pods of `image` on the real nodes, the
+    operator scoped to `namespace` without leader election (others may run beside it on other namespaces)."""
+    toleration = realnode.TOLERATION
+    return ("--executor", "pod", "--workspace-image", image, "--workspace-image-pull-policy", pull_policy,
+            *(a for k, v in realnode.NODE_LABEL.items() for a in ("--workspace-node-selector", f"{k}={v}")),
+            "--workspace-toleration", f"{toleration['key']}={toleration['value']}:{toleration['effect']}",
+            "--no-leader-election", "--namespace", namespace)
+
+
 @contextlib.contextmanager
 def platform_with_operator(operator_args: tuple[str, ...] = (),
                            host_controllers: tuple[str, ...] = (), executor: str = "process") -> Iterator[Bench]:
@@ -330,12 +353,7 @@ def platform_with_operator(operator_args: tuple[str, ...] = (),
             if pods:
                 image = build_operator_image(toolchain, user_pulumi_install(), say=lambda _: None)
                 load_image(image, realnode.load_node(realnode.node_dirs(platform.state)[0]).containerd_socket)
-                toleration = realnode.TOLERATION
-                executor_args = ("--executor", "pod", "--workspace-image", image.name,
-                                 "--workspace-image-pull-policy", "Never",
-                                 *(a for k, v in realnode.NODE_LABEL.items() for a in ("--workspace-node-selector", f"{k}={v}")),
-                                 "--workspace-toleration", f"{toleration['key']}={toleration['value']}:{toleration['effect']}",
-                                 "--no-leader-election", "--namespace", NAMESPACE)
+                executor_args = pod_executor_args(image.name, "Never", NAMESPACE)
             operator = operator_host(platform, toolchain, scratch / "operator", executor=executor,
                                      extra_args=(*executor_args, *operator_args))
             operator.start()
@@ -346,6 +364,27 @@ def platform_with_operator(operator_args: tuple[str, ...] = (),
                 yield Bench(platform, operator, api, scratch, NAMESPACE, WORKSPACE_TEMPLATE if pods else None)
         finally:
             platform.down(say=lambda _: None)
+
+
+@contextlib.contextmanager
+def cluster_platform(hb: Heartbeat, prefix: str) -> Iterator[tuple[LocalPlatform, Toolchain, Path]]:
+    """A scratch platform of the cluster profile (2 real nodes, the registry, the object store), its
+    toolchain and a scratch directory; down at the end. Needs root: real nodes change the host."""
+    if os.geteuid() != 0:
+        raise SystemExit("run as root: real nodes change the host")
+    toolchain = installed(profile_tools("cluster"))
+    missing = realnode.missing_requirements(toolchain.bin("kubelet"))
+    if missing:
+        raise SystemExit("real nodes cannot start here: " + "; ".join(missing))
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        platform = LocalPlatform(PlatformConfig(state_dir=Path(scratch) / "cluster", profile="cluster"), toolchain)
+        try:
+            hb.phase("starting a scratch platform of the cluster profile (2 real nodes, registry, object store)")
+            platform.up(say=hb.say)
+            yield platform, toolchain, Path(scratch)
+        finally:
+            hb.phase("stopping the scratch platform")
+            platform.down(say=hb.say)
 
 
 @contextlib.contextmanager

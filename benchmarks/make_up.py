@@ -68,7 +68,9 @@ def stack_runs(home: Path) -> dict[str, dict[str, float]]:
 
 
 def node_memory(kubeconfig: Path) -> dict:
-    """Working-set MB of every real node and of each pod on it, from the kubelets' summary API."""
+    """Working-set MB of every real node and of each pod on it, from the kubelets' summary API. A real node's
+    own figure is its root cgroup's, which on this stand-in is the whole host's (every node runs on it); what
+    the node's pods take together is the `pods` system container (its kubepods cgroup)."""
     from kubernetes import client, config
 
     api = config.new_client_from_config(config_file=str(kubeconfig))
@@ -82,8 +84,11 @@ def node_memory(kubeconfig: Path) -> dict:
                                                                            _preload_content=False).data)
             except (client.ApiException, ValueError):
                 continue  # a kwok node: no kubelet behind it
+            pods_cgroup = next((c for c in summary["node"].get("systemContainers", []) if c.get("name") == "pods"), {})
+            pods_working_set = (pods_cgroup.get("memory") or {}).get("workingSetBytes")
             found[node.metadata.name] = {
                 "node_mb": round(summary["node"]["memory"]["workingSetBytes"] / 2**20, 1),
+                "pods_cgroup_mb": round(pods_working_set / 2**20, 1) if pods_working_set is not None else None,
                 "pods_mb": {f"{pod['podRef']['namespace']}/{pod['podRef']['name']}":
                             round(pod["memory"]["workingSetBytes"] / 2**20, 1) for pod in summary.get("pods", [])
                             if (pod.get("memory") or {}).get("workingSetBytes") is not None}}
@@ -145,9 +150,15 @@ def report(title: str, figures: dict) -> None:
         detail = (f"   environment {run['environment']:.1f} s, run {run['total']:.1f} s" if "total" in run
                   and "environment" in run else f"   run {run['total']:.1f} s" if "total" in run else "")
         print(f"  {key:45} Ready at {when:6.1f} s{detail}")
-    for node, memory in sorted(figures.get("memory", {}).items()):
-        pods = ", ".join(f"{pod} {mb}" for pod, mb in sorted(memory["pods_mb"].items()))
-        print(f"  node {node}: {memory['node_mb']} MB working set; pods (MB): {pods}")
+    say_memory(figures.get("memory", {}))
+
+
+def say_memory(memory: dict) -> None:
+    """node_memory's reading, a line per node."""
+    for node, reading in sorted(memory.items()):
+        pods = ", ".join(f"{pod} {mb}" for pod, mb in sorted(reading["pods_mb"].items()))
+        print(f"  node {node}: {reading['node_mb']} MB working set (the host's), its pods together "
+              f"{reading.get('pods_cgroup_mb')} MB; each pod (MB): {pods}")
 
 
 def main() -> None:
