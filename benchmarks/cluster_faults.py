@@ -69,19 +69,21 @@ class Redactor:
 
 
 class Cluster:
-    """The scratch cluster's handles, shared by the rounds."""
+    """The scratch cluster's handles, shared by the rounds: the team namespace of the Stacks and the
+    bucket of their state."""
 
-    def __init__(self, platform: LocalPlatform, api: client.ApiClient, hb: Heartbeat) -> None:
-        self.platform, self.api, self.hb = platform, api, hb
+    def __init__(self, platform: LocalPlatform, api: client.ApiClient, hb: Heartbeat, team: str = TEAM,
+                 bucket: str = BUCKET) -> None:
+        self.platform, self.api, self.hb, self.team = platform, api, hb, team
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         keys = objectstore.read_credentials(platform.object_store_credentials)
         self.redact = Redactor(*keys)
-        self.bucket = S3Bucket(objectstore.endpoint(platform.object_store_port()), BUCKET, s3.Credentials(*keys))
+        self.bucket = S3Bucket(objectstore.endpoint(platform.object_store_port()), bucket, s3.Credentials(*keys))
 
     def stacks(self) -> list[dict] | None:
         """The team's Stacks, or None when the apiserver does not answer in 5 s."""
         try:
-            return self.custom.list_namespaced_custom_object(GROUP, VERSION, TEAM, "stacks",
+            return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.team, "stacks",
                                                              _request_timeout=5)["items"]
         except Exception:  # noqa: BLE001 - unknown this poll; the next one asks again
             return None
@@ -98,6 +100,13 @@ class Cluster:
 
     def operator_pods(self) -> list[client.V1Pod]:
         return self.core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=OPERATOR_PODS).items
+
+    def operators_ready(self, replicas: int = 2, image: str = "") -> bool:
+        """`replicas` operator pods (of `image`, if given) Ready, not being deleted, and one of them leading."""
+        pods = [p for p in self.operator_pods() if p.metadata.deletion_timestamp is None
+                and (not image or p.spec.containers[0].image == image)]
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        return len(ready) == replicas and self.leader() in {p.metadata.name for p in ready}
 
     def wait(self, check: Callable[[], object], timeout: float, what: str) -> object:
         """Poll `check` every second until truthy, saying so (the heartbeat covers the silence)."""
@@ -128,33 +137,30 @@ def start_operator(cluster: Cluster, toolchain) -> str:
         "replicas": 2, "executor": "pod", **placement,
         "workspace_node_selector": placement["node_selector"], "workspace_tolerations": placement["tolerations"],
     }, load_packaged_manifests("rbac")))
-
-    def two_ready_and_a_leader() -> bool:
-        pods = [p for p in cluster.operator_pods() if p.metadata.deletion_timestamp is None]
-        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
-        return len(ready) == 2 and cluster.leader() in {p.metadata.name for p in ready}
-
-    cluster.wait(two_ready_and_a_leader, 300, "both operator pods Ready and one leading")
+    cluster.wait(cluster.operators_ready, 300, "both operator pods Ready and one leading")
     hb.say(f"operator Ready: leader {cluster.leader()}, pods on "
            f"{sorted(p.spec.node_name for p in cluster.operator_pods())}")
     return reference
 
 
-def create_team(cluster: Cluster, count: int, resources: int) -> None:
-    """The team namespace, its Secret (the object store's keys and a passphrase), the Program and the Stacks."""
-    cluster.platform.create_bucket(BUCKET)
-    cluster.core.create_namespace({"metadata": {"name": TEAM}})
-    env_refs, passphrase = object_store_secret(cluster.platform, cluster.core, TEAM)
+def create_team(cluster: Cluster, count: int, resources: int, program: str = PROGRAM) -> list[str]:
+    """The team namespace, its Secret (the object store's keys and a passphrase), the Program and the
+    Stacks (named <program>-<index>, returned), their state in the cluster's bucket."""
+    cluster.platform.create_bucket(cluster.bucket.bucket)
+    cluster.core.create_namespace({"metadata": {"name": cluster.team}})
+    env_refs, passphrase = object_store_secret(cluster.platform, cluster.core, cluster.team)
     cluster.redact.secrets.append(passphrase)
-    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM, "programs", {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": PROGRAM},
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cluster.team, "programs", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": program},
         "program": stash_program(resources, "fill")})
-    backend = cluster.platform.s3_backend_url(BUCKET)  # the endpoint and bucket only: no credential in it
-    for index in range(count):
-        name = f"{PROGRAM}-{index:02d}"
-        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, TEAM, "stacks", {
+    # The endpoint and bucket only: no credential in it.
+    backend = cluster.platform.s3_backend_url(cluster.bucket.bucket)
+    names = [f"{program}-{index:02d}" for index in range(count)]
+    for name in names:
+        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cluster.team, "stacks", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name},
-            "spec": {"stack": name, "backend": backend, "programRef": {"name": PROGRAM}, "envRefs": env_refs}})
+            "spec": {"stack": name, "backend": backend, "programRef": {"name": program}, "envRefs": env_refs}})
+    return names
 
 
 def program_revision(cluster: Cluster) -> str:

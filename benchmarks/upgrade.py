@@ -37,6 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from harness import (GROUP, VERSION, Bench, engine_run_starts, is_ready, locks_left, platform_with_operator,
@@ -51,9 +52,9 @@ NEW_FIELD = "upgradeNote"
 NEXT_ARGS = ("--min-resync-seconds", "120")
 
 
-def next_crds() -> list[dict]:
-    """The packaged CRDs with N+1's schema change: one optional string field in every version's Stack spec."""
-    crds = copy.deepcopy(load_packaged_manifests("crds"))
+def with_next_schema(crds: list[dict]) -> list[dict]:
+    """CRDs (a copy) with N+1's schema change: one optional string field in every version's Stack spec."""
+    crds = copy.deepcopy(crds)
     stacks = next(crd for crd in crds if crd["metadata"]["name"] == f"stacks.{GROUP}")
     for version in stacks["spec"]["versions"]:
         version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][NEW_FIELD] = {
@@ -61,13 +62,17 @@ def next_crds() -> list[dict]:
     return crds
 
 
-def new_field_served(bench: Bench) -> bool:
+def next_crds() -> list[dict]:
+    """The packaged CRDs with N+1's schema change."""
+    return with_next_schema(load_packaged_manifests("crds"))
+
+
+def new_field_served(custom: client.CustomObjectsApi, namespace: str) -> bool:
     """Whether the apiserver keeps spec.upgradeNote on a Stack (a dry-run create: nothing is stored)."""
     probe = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": "schema-probe"},
              "spec": {"stack": "schema-probe", "programRef": {"name": PROGRAM}, NEW_FIELD: "n+1"}}
     try:
-        created = bench.custom.create_namespaced_custom_object(GROUP, VERSION, bench.namespace, "stacks", probe,
-                                                               dry_run="All")
+        created = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", probe, dry_run="All")
     except ApiException as error:
         if error.status in (400, 422):  # a strict server refuses the unknown field
             return False
@@ -88,10 +93,10 @@ def in_progress(stack: dict) -> bool:
     return current.get("generation") == stack["metadata"]["generation"]
 
 
-def change_spec(bench: Bench, names: list[str]) -> None:
+def change_spec(custom: client.CustomObjectsApi, namespace: str, names: list[str]) -> None:
     for name in names:
-        bench.custom.patch_namespaced_custom_object(GROUP, VERSION, bench.namespace, "stacks", name,
-                                                    {"spec": {"config": {"round": "2"}}})
+        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "stacks", name,
+                                              {"spec": {"config": {"round": "2"}}})
 
 
 def engine_clis(pid: int | None) -> int:
@@ -105,22 +110,34 @@ def engine_clis(pid: int | None) -> int:
     return count
 
 
-def wait_for_fleet(bench: Bench, what: str, finished: Callable[[list[dict]], bool], timeout: float,
-                   watched: list[str] | None = None, interval: float = 1.0) -> tuple[list[dict], float]:
-    """List the Stacks every `interval` seconds until `finished(fleet)`; says how many are done and in progress
-    every 10 s (of `watched` only, if given). Returns the last listing and the seconds it took."""
-    started, said = time.monotonic(), 0.0
+def host_operator(bench: Bench) -> str:
+    pid = bench.operator.pid()
+    return f"operator pid {pid}" if pid else "no operator running (between N and N+1)"
+
+
+def print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+def wait_for_fleet(list_stacks: Callable[[], list[dict] | None], what: str, finished: Callable[[list[dict]], bool],
+                   timeout: float, watched: list[str] | None = None, interval: float = 1.0,
+                   operator: Callable[[], str] = lambda: "", say: Callable[[str], None] = print_line,
+                   ) -> tuple[list[dict], float]:
+    """List the Stacks every `interval` seconds until `finished(fleet)` (a None listing, the apiserver not
+    answering, is skipped); says how many are done and in progress every 10 s (of `watched` only, if given)
+    and `operator()`, where the operator stands. Returns the last listing and the seconds it took."""
+    started, said, fleet = time.monotonic(), 0.0, []
     while True:
-        fleet = bench.stacks()
+        listed = list_stacks()
         now = time.monotonic()
-        if finished(fleet):
-            return fleet, now - started
+        if listed is not None:
+            fleet = listed
+            if finished(fleet):
+                return fleet, now - started
         if now - said >= 10:
             shown = [s for s in fleet if watched is None or s["metadata"]["name"] in watched]
-            pid = bench.operator.pid()
-            print(f"  {what}, {now - started:5.0f} s: {sum(map(done, shown))}/{len(shown)} done, "
-                  f"{sum(map(in_progress, shown))} in progress, "
-                  f"{f'operator pid {pid}' if pid else 'no operator running (between N and N+1)'}", flush=True)
+            say(f"  {what}, {now - started:5.0f} s: {sum(map(done, shown))}/{len(shown)} done, "
+                f"{sum(map(in_progress, shown))} in progress, {operator()}")
             said = now
         if now - started > timeout:
             stuck = [s["metadata"]["name"] for s in fleet if not done(s) and (watched is None
@@ -150,8 +167,9 @@ def error_lines(log: Path, offset: int) -> list[str]:
         return [line for line in file.read().decode(errors="replace").splitlines() if "ERROR" in line]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_fleet_args(description: str) -> argparse.Namespace:
+    """The fleet's options, shared by the host and the in-cluster upgrade."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--stacks", type=int, default=200)
     parser.add_argument("--mid-update", type=int, default=20, help="Stacks changed just before the upgrade")
     parser.add_argument("--during-upgrade", type=int, default=10,
@@ -163,13 +181,46 @@ def main() -> None:
         parser.error("--mid-update and --during-upgrade are Stacks of --stacks")
     if os.geteuid() != 0:
         raise SystemExit("run as root, as the other platform benchmarks")
+    return args
+
+
+def split_fleet(names: list[str], args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
+    """The Stacks changed just before the upgrade, those changed during it, and those that need nothing."""
+    during_end = args.mid_update + args.during_upgrade
+    return names[:args.mid_update], names[args.mid_update:during_end], names[during_end:]
+
+
+def first_figures(args: argparse.Namespace) -> dict:
+    return {"stacks": args.stacks, "resources": args.resources, "cpus": os.cpu_count(),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "n_plus_1": {"crd_field_added": f"spec.{NEW_FIELD}", "flags": list(NEXT_ARGS)}}
+
+
+def fleet_figures(starts: dict[str, list[int]], fleet: list[dict], groups: tuple[list[str], list[str], list[str]],
+                  next_started: float) -> dict:
+    """What the backend's history and the last listing say of the three groups (see split_fleet)."""
+    mid, during, idle = groups
+    return {"mid_update": run_figures(starts, mid, int(next_started)),
+            "changed_during_upgrade": run_figures(starts, during, int(next_started)),
+            "idle_stacks": len(idle), "idle_engine_runs": sum(len(starts.get(name, [])) for name in idle),
+            "stacks_not_ready": sorted(s["metadata"]["name"] for s in fleet if not done(s)),
+            "read_by_n_plus_1_without_manual_step": bool(fleet) and all(map(done, fleet)),
+            "load_average_1m": round(os.getloadavg()[0], 1)}
+
+
+def say_runs(figures: dict, say: Callable[[str], None] = print_line) -> None:
+    for group in ("mid_update", "changed_during_upgrade"):
+        runs = figures[group]
+        say(f"{group}: {runs['stacks']} Stacks, {runs['engine_runs']} engine runs ({runs['runs_under_n']} under N, "
+            f"{runs['runs_under_n_plus_1']} under N+1), duplicates {runs['duplicate_runs']}, lost "
+            f"{runs['lost_updates']}")
+
+
+def main() -> None:
+    args = parse_fleet_args(__doc__.splitlines()[0])
     names = [f"upgrade-{index:04d}" for index in range(args.stacks)]
-    mid = names[:args.mid_update]
-    during = names[args.mid_update:args.mid_update + args.during_upgrade]
-    idle = names[args.mid_update + args.during_upgrade:]
-    figures: dict = {"stacks": args.stacks, "resources": args.resources, "cpus": os.cpu_count(),
-                     "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "n_plus_1": {"crd_field_added": f"spec.{NEW_FIELD}", "flags": list(NEXT_ARGS)}}
+    mid, during, idle = split_fleet(names, args)
+    figures = first_figures(args)
     pool = ThreadPoolExecutor(1)
     with platform_with_operator() as bench:
         backend_uri = bench.backend(PROGRAM)
@@ -178,26 +229,29 @@ def main() -> None:
         for name in names:
             bench.create_stack(name, PROGRAM, backend_uri)
         print(f"{args.stacks} Stacks created: the fill", flush=True)
-        _, fill = wait_for_fleet(bench, "fill", all_done(args.stacks), 300 + 5 * args.stacks)
+        def fleet_wait(*wait_args, **options) -> tuple[list[dict], float]:
+            return wait_for_fleet(bench.stacks, *wait_args, operator=lambda: host_operator(bench), **options)
+
+        _, fill = fleet_wait("fill", all_done(args.stacks), 300 + 5 * args.stacks)
         figures["fill_seconds"] = round(fill, 1)
         print(f"fill: all {args.stacks} Ready in {figures['fill_seconds']:.0f} s", flush=True)
 
         # N+1's process, described (its identity and RBAC applied: unchanged) on N's state directory.
         successor = operator_host(bench.platform, installed(), bench.scratch / "operator", extra_args=NEXT_ARGS)
-        figures["n_plus_1"]["field_served_before"] = new_field_served(bench)
+        figures["n_plus_1"]["field_served_before"] = new_field_served(bench.custom, bench.namespace)
 
         changed = time.time()
-        change_spec(bench, mid)
+        change_spec(bench.custom, bench.namespace, mid)
         print(f"{len(mid)} Stacks changed; waiting until the operator has started all of their updates", flush=True)
         try:
-            wait_for_fleet(bench, "mid-update", lambda fleet: all(in_progress(s) for s in fleet
+            fleet_wait("mid-update", lambda fleet: all(in_progress(s) for s in fleet
                                                                   if s["metadata"]["name"] in mid), 120, mid, 0.2)
         except TimeoutError as error:
             print(f"  {error}: upgrading anyway", flush=True)
 
         started = time.monotonic()
         apply_crds(bench.platform.kubeconfig_path, next_crds())
-        wait_until(lambda: new_field_served(bench), 30, f"spec.{NEW_FIELD} served")
+        wait_until(lambda: new_field_served(bench.custom, bench.namespace), 30, f"spec.{NEW_FIELD} served")
         figures["n_plus_1"]["crd_seconds"] = round(time.monotonic() - started, 1)
 
         fleet = bench.stacks()
@@ -213,11 +267,11 @@ def main() -> None:
         stopping = pool.submit(bench.operator.stop, OPERATOR_STOP_GRACE_SECONDS)
         wait_until(lambda: b"Operator is stopping" in bench.operator.log.read_bytes()[log_offset:], 10,
                    "operator N saying it is stopping")
-        change_spec(bench, during[:len(during) // 2])
-        wait_for_fleet(bench, "drain", lambda _: stopping.done(), OPERATOR_STOP_GRACE_SECONDS + 30, mid)
+        change_spec(bench.custom, bench.namespace, during[:len(during) // 2])
+        fleet_wait("drain", lambda _: stopping.done(), OPERATOR_STOP_GRACE_SECONDS + 30, mid)
         stopping.result()
         figures["drain_seconds"] = round(time.monotonic() - stop_started, 1)
-        change_spec(bench, during[len(during) // 2:])
+        change_spec(bench.custom, bench.namespace, during[len(during) // 2:])
         print(f"operator N exited {figures['drain_seconds']} s after SIGTERM; {len(during)} Stacks changed during "
               f"the upgrade; starting N+1", flush=True)
 
@@ -226,28 +280,18 @@ def main() -> None:
         started = time.monotonic()
         successor.start()
         figures["n_plus_1"]["start_seconds"] = round(time.monotonic() - started, 1)
-        _, catch_up = wait_for_fleet(bench, "after the upgrade", all_done(args.stacks), 300 + 5 * args.stacks)
+        _, catch_up = fleet_wait("after the upgrade", all_done(args.stacks), 300 + 5 * args.stacks)
         figures["all_ready_seconds_after_n_plus_1_start"] = round(catch_up + figures["n_plus_1"]["start_seconds"], 1)
         figures["all_ready_seconds_after_sigterm"] = round(time.monotonic() - stop_started, 1)
         time.sleep(10)  # a late duplicate would show now
 
         fleet = bench.stacks()
         starts = engine_run_starts(backend, int(changed))
-        figures.update({
-            "mid_update": run_figures(starts, mid, int(next_started)),
-            "changed_during_upgrade": run_figures(starts, during, int(next_started)),
-            "idle_stacks": len(idle), "idle_engine_runs": sum(len(starts.get(name, [])) for name in idle),
-            "locks_left": locks_left([backend]),
-            "stacks_not_ready": sorted(s["metadata"]["name"] for s in fleet if not done(s)),
-            "read_by_n_plus_1_without_manual_step": sum(map(done, fleet)) == args.stacks,
-            "n_plus_1_error_log_lines": error_lines(successor.log, log_offset),
-            "load_average_1m": round(os.getloadavg()[0], 1)})
+        figures.update(fleet_figures(starts, fleet, (mid, during, idle), next_started))
+        figures.update({"locks_left": locks_left([backend]),
+                        "n_plus_1_error_log_lines": error_lines(successor.log, log_offset)})
     pool.shutdown()
-    for group in ("mid_update", "changed_during_upgrade"):
-        runs = figures[group]
-        print(f"{group}: {runs['stacks']} Stacks, {runs['engine_runs']} engine runs ({runs['runs_under_n']} under N, "
-              f"{runs['runs_under_n_plus_1']} under N+1), duplicates {runs['duplicate_runs']}, lost "
-              f"{runs['lost_updates']}", flush=True)
+    say_runs(figures)
     print(f"drain {figures['drain_seconds']} s; N+1 healthy in {figures['n_plus_1']['start_seconds']} s; all "
           f"{args.stacks} Ready with their latest generation {figures['all_ready_seconds_after_sigterm']} s after "
           f"SIGTERM ({figures['all_ready_seconds_after_n_plus_1_start']} s after N+1's start); idle Stacks' runs "
