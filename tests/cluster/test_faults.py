@@ -35,7 +35,7 @@ from .conftest import object_store_env_refs
 GROUP, VERSION = "pulumi.com", "v1"
 STACKS = ("faults-a", "faults-b")
 PROGRAM = "faults"
-RESOURCES = 80  # enough checkpoint writes that every update is still running when the fault strikes
+RESOURCES = 50  # enough checkpoint writes that every update is still running when the fault strikes
 OUTAGE_SECONDS = 30
 LEASE = "strata-operator-leader"
 OPERATOR_PODS = f"app.kubernetes.io/name={LABELS['app.kubernetes.io/name']}"
