@@ -21,10 +21,10 @@ Program, state in an s3:// bucket of MinIO (keys in a Secret the Stacks' envRefs
 Ready. --mid-update of them get a spec change, and once the operator has started each of their updates
 the upgrade strikes: `pulumi up` of the program from tree N+1, image N+1 and a changed default
 (--min-resync-seconds 120; N's is 60). It updates the Stack CRD (the new field) and then the Deployment,
-whose strategy, as the component renders it, is Recreate: both N pods get SIGTERM and drain (the
-leader finishes its running updates, up to the 330 s grace), then both N+1 pods start and one takes the
-Lease. Half of --during-upgrade other Stacks get a spec change once N's pods are told to stop, the other
-half once they are gone.
+which the component rolls (RollingUpdate, one pod more at a time, none unavailable): each N+1 pod starts,
+as a standby, before an N pod is told to stop; that pod drains (the leader finishes its running updates,
+up to the 330 s grace) and hands the Lease over. Half of --during-upgrade other Stacks get a spec change
+once the first N pod is told to stop, the other half once both are gone.
 Reported: the rollout (pulumi up's start until both N+1 pods are Ready and one leads), pulumi up's own
 duration, each N pod's drain (deletion to gone), when the new field was served; seconds until every Stack
 is Ready with its latest generation; engine runs per changed Stack from the bucket's update history

@@ -265,9 +265,11 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
         "metadata": {"name": name, "namespace": namespace, "labels": pod_labels},
         "spec": {
             "replicas": replicas,
-            # Leader election keeps one replica active; Recreate stops the old pods (which release
-            # the Lease) before new ones start, so a rollout hands the Lease over once.
-            "strategy": {"type": "Recreate"},
+            # Leader election keeps one replica active. A rollout starts each new pod (a standby) before it
+            # stops an old one, which drains its running updates and hands the Lease over: no time without
+            # an operator, however long the new image takes to pull, and `pulumi up` (which waits for the
+            # rollout) returns once the new version runs.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "selector": {"matchLabels": pod_selector(pod_labels)},
             "template": {
                 "metadata": {"labels": pod_labels},

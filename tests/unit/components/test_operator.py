@@ -129,7 +129,8 @@ def test_deployment_is_hardened_with_probes_and_ports():
                                            args=["--concurrency=4"], env={"X": "1"})
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert pod["serviceAccountName"] == "op" and pod["securityContext"]["runAsNonRoot"] is True
     assert container["command"] == ["python", "-m", "strata_operator"]
     assert container["args"] == ["--metrics-port=9000", "--health-port=9001", "--concurrency=4"]
