@@ -181,8 +181,8 @@ def counts(fleet: list[dict] | None, names: list[str]) -> dict:
 def watch_rollout(cluster: Cluster, image: str, deploying: Future, mid: list[str], during: list[str],
                   started: float) -> dict:
     """Watch the operator pods while N+1's `pulumi up` runs (`deploying`), until it has finished and both N+1
-    pods are Ready with one leading; change the first half of `during` once N's pods are told to stop (a
-    deletion timestamp), the rest once they are gone. Times are seconds from `started` (pulumi up's start)."""
+    pods are Ready with one leading and N's are gone; change the first half of `during` once an N pod is told
+    to stop (a deletion timestamp), the rest once they are gone. Times are seconds from `started` (pulumi up's start)."""
     hb = cluster.hb
     leader = cluster.leader()
     old = {p.metadata.name: {"node": p.spec.node_name, "leader": p.metadata.name == leader, "image": pod_image(p)}
@@ -221,7 +221,8 @@ def watch_rollout(cluster: Cluster, image: str, deploying: Future, mid: list[str
             figures["rollout_s"] = round(now, 1)
             figures["n_plus_1_leader"] = cluster.leader()
             figures["n_plus_1_pods"] = {p.metadata.name: p.spec.node_name for p in new}
-        if "pulumi_up_s" in figures and "rollout_s" in figures:
+        # Rolling, N's last pod may still drain after N+1 leads: the rest of `during` changes once it is gone.
+        if "pulumi_up_s" in figures and "rollout_s" in figures and "n_gone_at_s" in figures:
             return figures
         if now - said >= 10:
             states = ", ".join(f"{name}: " + ("gone" if "gone_at_s" in e else "stopping" if "told_to_stop_at_s" in e
