@@ -97,9 +97,6 @@ class Context:
     # Every Stack's daemon starts a pass as soon as the Stack exists: unbounded, 1000 new Stacks are 1000
     # passes holding their spec, refs, Program and request for as long as the engine's queue takes.
     passes: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(passes_in_flight(1)))
-    # Stacks whose last run failed while their backend did not answer, so it may have left its lock there:
-    # the host that run took it on and when it started, for a recovery before the next run.
-    lost_locks: dict[str, tuple[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def in_shard(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> bool:

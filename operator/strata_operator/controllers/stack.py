@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from ..decisions.planning import (check_prerequisite, drift_check_due, ever_depl
                                   prerequisites_verdict, soonest, suspended_verdict, terminating_namespace_message)
 from ..decisions.rollout import parse_waves
 from ..services import metrics
-from ..services.events import post_event
+from ..services.events import HOST, post_event
 from ..services.kube import FLUX_GROUP, FLUX_PLURALS
 from ..services.redaction import redact
 from ..sources.archive import SourceError
@@ -39,8 +40,8 @@ from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, i
 from .stack_rollout import gate_on_rollout
 from .stack_session import (StackSession, materialise_program, source_revision, stack_state_dir, update_request,
                             wait_for_reference)
-from .stack_update import (backend_watched, check_drift, gated_update, outputs_secret_problem, recover_interrupted,
-                           run_stack_update)
+from .stack_update import (check_drift, gated_update, outputs_secret_problem, recover_interrupted,
+                           run_stack_update, run_watched)
 
 
 async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
@@ -292,8 +293,7 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
                 await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
             raise kopf.TemporaryError(redact(str(err)), delay=RETRY_REFS_SECONDS) from None
         post_event(body, st.EVENT_UPDATE_DETECTED, decision.message)
-        async with backend_watched(session, spec.backend, "the destroy"):
-            result = await ctx.engine.destroy(request)
+        result = await run_watched(session, spec.backend, "the destroy", ctx.engine.destroy(request), HOST, time.time())
         metrics.UPDATE_DURATION.labels("destroy", result.outcome).observe(result.duration)
         if result.ok:
             result = await ctx.engine.remove_stack(request)

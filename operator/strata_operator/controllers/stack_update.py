@@ -10,6 +10,7 @@ import dataclasses
 import shutil
 import tempfile
 import uuid
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..decisions.outputs import (outputs_secret_conflict, outputs_secret_data, o
                                  secret_needs_write)
 from ..decisions.planning import Plan, drift_check_due, drift_status, missing_service_account, plan_stack, soonest
 from ..decisions.rollout import parse_waves
-from ..engine.port import UpdateRequest, UpdateResult, register_secret_outputs
+from ..engine.port import UpdateResult, register_secret_outputs
 from ..services import metrics
 from ..services.backend_probe import backend_address, unreachable
 from ..services.events import HOST, post_event
@@ -38,9 +39,6 @@ from ..sources.references import RefError, Resolved
 from .context import utc_now
 from .stack_rollout import rollout_stacks, write_rollout_progress
 from .stack_session import StackSession, materialise_program, stack_state_dir, update_request, wait_for_reference
-
-# How soon a Stack whose last run's lock could not be cleared yet (its backend still away) tries again.
-RETRY_LOST_LOCK_SECONDS = 10.0
 
 
 def _is_prerequisite(session: StackSession) -> bool:
@@ -265,17 +263,12 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
             if approval.digest:
                 plan_file.write_bytes(approval.plan)
             request = dataclasses.replace(request, plan_file=str(plan_file))
-        if not await clear_lost_lock(session, request):
-            return RETRY_LOST_LOCK_SECONDS
         post_event(session.body, st.EVENT_UPDATE_DETECTED, plan.message, revision=revision)
         await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING, "stack is being processed"),
                             currentUpdate=st.current_update(run))
-        async with backend_watched(session, spec.backend, f"the {run.kind} {run.name}") as watch:
-            result: UpdateResult = await (ctx.engine.preview(request) if run.kind == "preview"
-                                          else ctx.engine.up(request))
-        if not result.ok and result.outcome != "conflict" and watch is not None and (
-                watch.seen_down or await unreachable(watch.address)):
-            ctx.lost_locks[session.key] = (run.host, run.started.timestamp())
+        result = await run_watched(session, spec.backend, f"the {run.kind} {run.name}",
+                                   ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request),
+                                   run.host, run.started.timestamp())
         metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
         if approval is not None and approval.identity is not None and result.ok:
             return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
@@ -335,24 +328,17 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-async def clear_lost_lock(session: StackSession, request: UpdateRequest) -> bool:
-    """Before a Stack's next run: the lock its last run may have left when its backend stopped answering
-    (the CLI could not release it) cleared, as after a run interrupted with the operator; else the next
-    run would find it and stall as a conflict. False while that cannot be done yet (said in the status)."""
-    lost = session.ctx.lost_locks.get(session.key)
-    if lost is None:
-        return True
-    host, since = lost
-    result = await session.ctx.engine.recover(dataclasses.replace(request, interrupted_host=host,
-                                                                  interrupted_since=since))
-    if not result.ok:
-        await session.write(st.Verdict("reconciling", st.RECONCILING_RETRY,
-                                       f"clearing the lock the last run left when its backend did not answer: "
-                                       f"{result.message}"))
-        return False
-    session.logger.info("the last run's lock in the backend, left when it did not answer: %s", result.message)
-    del session.ctx.lost_locks[session.key]
-    return True
+async def run_watched(session: StackSession, backend: str, what: str, operation: Awaitable[UpdateResult],
+                      host: str, started_at: float) -> UpdateResult:
+    """`operation`, a run of the Stack started on `host` at `started_at`, with its backend watched. If it
+    failed while the backend did not answer, its CLI may have given up holding its lock, which it could
+    not release: the engine clears that lock before the Stack's next operation."""
+    async with backend_watched(session, backend, what) as watch:
+        result = await operation
+    if not result.ok and result.outcome != "conflict" and watch is not None and (
+            watch.seen_down or await unreachable(watch.address)):
+        session.ctx.engine.lost_run(session.key, host, started_at)
+    return result
 
 
 @contextlib.asynccontextmanager

@@ -174,6 +174,10 @@ class Engine(Protocol):
     async def recover(self, request: UpdateRequest) -> UpdateResult:
         """Clear what a run killed mid-update left behind (its lock, a truncated checkpoint)."""
 
+    def lost_run(self, stack_key: str, host: str, started_at: float) -> None:
+        """The Stack's last run (started on `host` at `started_at`) may have left its lock in the backend: it
+        is recovered before the Stack's next operation."""
+
     async def cancel(self, stack_key: str) -> bool:
         """Interrupt the Stack's running operation, if any; True if one was running."""
 
@@ -188,14 +192,17 @@ class EngineUnavailable(RuntimeError):
 
 
 class SerializedEngine:
-    """What every executor shares: one operation per Stack at a time, at most `concurrency` at once, and
-    each `Engine` operation one `run` of its name (the executor's `_run_locked`)."""
+    """What every executor shares: one operation per Stack at a time, at most `concurrency` at once, each
+    `Engine` operation one `run` of its name (the executor's `_run_locked`), and a lost run's lock cleared
+    before the Stack's next operation."""
 
     in_workspace_pods = False
 
     def __init__(self, concurrency: int):
         self._slots = asyncio.Semaphore(concurrency)
         self._locks: dict[str, asyncio.Lock] = {}
+        # Stacks whose last run may have left its lock in the backend: (the host it took it on, its start).
+        self._lost_runs: dict[str, tuple[str, float]] = {}
 
     def busy(self, stack_key: str) -> bool:
         lock = self._locks.get(stack_key)
@@ -207,14 +214,32 @@ class SerializedEngine:
     def forget(self, stack_key: str) -> None:
         """The object is gone: its lock goes too, unless an operation still holds it (a fleet's churn
         would otherwise keep one per Stack ever seen)."""
-        lock = self._locks.get(stack_key)
-        if lock is not None and not lock.locked():
-            del self._locks[stack_key]
+        if not self.busy(stack_key):
+            self._locks.pop(stack_key, None)
+            self._lost_runs.pop(stack_key, None)
+
+    def lost_run(self, stack_key: str, host: str, started_at: float) -> None:
+        # A run whose CLI could not release its lock (its backend away, its pod gone): the next run would
+        # find that lock and fail as a conflict.
+        self._lost_runs[stack_key] = (host, started_at)
+
+    def _lock_host(self, stack_key: str, run_host: str) -> str:
+        """The host a run of the Stack started on `run_host` took its backend lock under."""
+        return run_host
 
     async def run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         REDACTOR.add(*request.secret_config.values())
         lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
         async with lock, self._slots:
+            lost = self._lost_runs.get(request.stack_key)
+            if lost is not None:
+                recovered = await self._run_locked("recover", dataclasses.replace(
+                    request, interrupted_host=self._lock_host(request.stack_key, lost[0]),
+                    interrupted_since=lost[1], interrupted_run=""))
+                if not recovered.ok:  # kept for the next operation
+                    return dataclasses.replace(recovered, outcome="failed", message=(
+                        f"clearing the lock the last run left in the backend failed: {recovered.message}"))
+                del self._lost_runs[request.stack_key]
             return await self._run_locked(operation, request)
 
     async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
@@ -239,4 +264,5 @@ class SerializedEngine:
         return await self.run("remove", request)
 
     async def recover(self, request: UpdateRequest) -> UpdateResult:
-        return await self.run("recover", request)
+        return await self.run("recover", dataclasses.replace(
+            request, interrupted_host=self._lock_host(request.stack_key, request.interrupted_host)))

@@ -1,85 +1,138 @@
-"""A run that failed while its backend did not answer may have left its lock there (the CLI could not
-release it): the Stack's next run clears it first, as after a run interrupted with the operator, instead of
-finding it and stalling as a conflict; while it cannot be cleared yet, the Stack says so and tries again.
-The engine and the apiserver are replaced by recorders."""
+"""A run may leave its lock in the backend when its CLI cannot release it: its backend stopped answering
+(the controller sees that), or its workspace pod was lost (the pod executor sees that). Either way the engine
+clears that lock before the Stack's next operation, as after a run interrupted with the operator, instead of
+the next run finding it and failing as a conflict. The executor's own runs and the apiserver are recorders."""
 
 import asyncio
 import socket
 
-from strata_operator.api.status import EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE, RECONCILING_RETRY
+from strata_operator.api.status import EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE
 from strata_operator.controllers import stack_update
 from strata_operator.controllers.context import Context, OperatorSettings
 from strata_operator.controllers.stack_session import StackSession
-from strata_operator.controllers.stack_update import clear_lost_lock
-from strata_operator.engine.port import UpdateRequest, UpdateResult
+from strata_operator.engine.pod.executor import PodEngine, WorkspaceSettings
+from strata_operator.engine.pod.workspace_pod import WorkspaceNames
+from strata_operator.engine.port import SerializedEngine, UpdateRequest, UpdateResult
+from strata_operator.engine.process.executor import EngineSettings
+
+REQUEST = UpdateRequest(stack_key="ns/s", stack_name="dev", project_dir="/tmp/p")
+
+
+class RecordingEngine(SerializedEngine):
+    """Each operation recorded; a recovery answers with the next of `recoveries`."""
+
+    def __init__(self, *recoveries: UpdateResult):
+        super().__init__(concurrency=2)
+        self.recoveries, self.ran = list(recoveries), []
+
+    async def _run_locked(self, operation, request):
+        self.ran.append((operation, request))
+        return self.recoveries.pop(0) if operation == "recover" else UpdateResult("succeeded")
+
+
+def test_a_stack_with_no_lost_run_operates_without_a_recovery():
+    engine = RecordingEngine()
+    assert asyncio.run(engine.up(REQUEST)).ok
+    assert [operation for operation, _ in engine.ran] == ["up"]
+
+
+def test_the_lock_a_lost_run_left_is_cleared_before_the_next_operation_of_any_kind():
+    for operate in (SerializedEngine.up, SerializedEngine.destroy, SerializedEngine.preview):
+        engine = RecordingEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+        engine.lost_run("ns/s", "strata-operator-0", 1700000000.0)
+        assert asyncio.run(operate(engine, REQUEST)).ok
+        [(first, recovery), (then, request)] = engine.ran
+        assert (first, then) == ("recover", operate.__name__)
+        assert (recovery.interrupted_host, recovery.interrupted_since) == ("strata-operator-0", 1700000000.0)
+        assert recovery.stack_name == "dev" and request == REQUEST
+        asyncio.run(operate(engine, REQUEST))  # cleared once: the operation after runs alone
+        assert [operation for operation, _ in engine.ran[2:]] == [operate.__name__]
+
+
+def test_a_lock_that_cannot_be_cleared_yet_fails_the_operation_unrun_and_is_tried_again_next_time():
+    engine = RecordingEngine(UpdateResult("failed", "could not list bucket: connection refused"),
+                             UpdateResult("succeeded"))
+    engine.lost_run("ns/s", "strata-operator-0", 1700000000.0)
+    result = asyncio.run(engine.up(REQUEST))
+    assert result.outcome == "failed"
+    assert result.message == ("clearing the lock the last run left in the backend failed: "
+                              "could not list bucket: connection refused")
+    assert [operation for operation, _ in engine.ran] == ["recover"]
+    assert asyncio.run(engine.up(REQUEST)).ok
+    assert [operation for operation, _ in engine.ran] == ["recover", "recover", "up"]
+
+
+def test_a_workspace_pods_runs_take_their_lock_under_the_pods_hostname(tmp_path):
+    engine = PodEngine(EngineSettings(state_dir=tmp_path, pulumi_command="/bin/true"),
+                       WorkspaceSettings(image="strata:1"), kube=None)
+    recoveries = []
+
+    async def run_locked(operation, request):
+        if operation == "recover":
+            recoveries.append(request.interrupted_host)
+        return UpdateResult("succeeded")
+
+    engine._run_locked = run_locked
+    engine.lost_run("ns/s", "strata-operator-0", 1700000000.0)  # as the controller knows it: the operator's host
+    asyncio.run(engine.up(REQUEST))
+    asyncio.run(engine.recover(REQUEST))  # after the operator's restart, from the run its status names
+    pod = WorkspaceNames.of("ns/s").pod
+    assert recoveries == [pod, pod]
+
+
+def test_a_deleted_stacks_lost_run_is_forgotten():
+    engine = RecordingEngine()
+    engine.lost_run("ns/s", "strata-operator-0", 1700000000.0)
+    engine.forget("ns/s")
+    assert asyncio.run(engine.destroy(REQUEST)).ok
+    assert [operation for operation, _ in engine.ran] == ["destroy"]
 
 
 class RecordingKube:
-    def __init__(self):
-        self.patches = []
-
     async def patch_stack_status(self, namespace, name, status):
-        self.patches.append(status)
-
-
-class RecoveringEngine:
-    def __init__(self, result: UpdateResult):
-        self.result, self.recovered = result, []
-
-    async def recover(self, request: UpdateRequest) -> UpdateResult:
-        self.recovered.append(request)
-        return self.result
+        pass
 
 
 class Logger:
     def info(self, *args):
         pass
 
+    warning = info
 
-def session(result: UpdateResult) -> StackSession:
-    ctx = Context(kube=RecordingKube(), engine=RecoveringEngine(result), settings=OperatorSettings())
+
+def session(engine) -> StackSession:
+    ctx = Context(kube=RecordingKube(), engine=engine, settings=OperatorSettings(backend_probe_seconds=0.01))
     return StackSession(ctx, {"metadata": {"namespace": "ns", "name": "s", "generation": 1}, "status": {}},
                         logger=Logger())
 
 
-REQUEST = UpdateRequest(stack_key="ns/s", stack_name="dev", project_dir="/tmp/p")
+def refused_port() -> int:
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        return listening.getsockname()[1]  # bound, never listening: refused
 
 
-def test_a_stack_with_no_lost_lock_runs_without_a_recovery():
-    s = session(UpdateResult("succeeded"))
-    assert asyncio.run(clear_lost_lock(s, REQUEST)) is True
-    assert s.ctx.engine.recovered == [] and s.ctx.kube.patches == []
+async def slowly(result: UpdateResult) -> UpdateResult:
+    await asyncio.sleep(0.2)  # long enough for the watch's probes
+    return result
 
 
-def test_the_lock_a_run_left_when_its_backend_was_away_is_cleared_before_the_next_run():
-    s = session(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
-    s.ctx.lost_locks["ns/s"] = ("strata-operator-0", 1700000000.0)
-    assert asyncio.run(clear_lost_lock(s, REQUEST)) is True
-    [recovery] = s.ctx.engine.recovered
-    assert (recovery.interrupted_host, recovery.interrupted_since) == ("strata-operator-0", 1700000000.0)
-    assert recovery.stack_name == "dev"
-    assert s.ctx.lost_locks == {}
-
-
-def test_a_lock_that_cannot_be_cleared_yet_is_said_and_kept_for_the_next_try():
-    s = session(UpdateResult("failed", "could not list bucket: connection refused"))
-    s.ctx.lost_locks["ns/s"] = ("strata-operator-0", 1700000000.0)
-    assert asyncio.run(clear_lost_lock(s, REQUEST)) is False
-    assert s.ctx.lost_locks == {"ns/s": ("strata-operator-0", 1700000000.0)}
-    [patch] = s.ctx.kube.patches
-    reconciling = next(c for c in patch["conditions"] if c["type"] == "Reconciling")
-    assert reconciling["reason"] == RECONCILING_RETRY
-    assert "could not list bucket: connection refused" in reconciling["message"]
+def test_a_run_that_failed_while_its_backend_was_away_is_a_lost_run(monkeypatch):
+    monkeypatch.setattr(stack_update, "post_event", lambda *_, **__: None)
+    backend = f"s3://state?endpoint=127.0.0.1:{refused_port()}"
+    for result, lost in ((UpdateResult("failed", "the CLI gave up"), True), (UpdateResult("succeeded"), False),
+                         (UpdateResult("conflict", "locked by another update"), False)):
+        engine = RecordingEngine()
+        s = session(engine)
+        assert asyncio.run(stack_update.run_watched(s, backend, "the up s-1", slowly(result), "strata-operator-0",
+                                                    1700000000.0)) == result
+        assert engine._lost_runs == ({"ns/s": ("strata-operator-0", 1700000000.0)} if lost else {})
 
 
 def test_a_watch_remembers_its_backend_went_away_after_it_came_back(monkeypatch):
     events = []
     monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: events.append(reason))
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        port = listening.getsockname()[1]  # bound, never listening: refused
-    s = session(UpdateResult("succeeded"))
-    watch = stack_update.BackendWatch(s, ("127.0.0.1", port), "the up s-1")
+    watch = stack_update.BackendWatch(session(RecordingEngine()), ("127.0.0.1", refused_port()), "the up s-1")
 
     async def probe_a_while():
         task = asyncio.create_task(watch.run(0.01))

@@ -313,7 +313,7 @@ def test_a_workspace_container_oom_killed_mid_update_fails_with_backoff_not_reru
     result = asyncio.run(engine._lost(request, "up", lost, ConnectionResetError("reset"), 0.0, 1000.0))
     assert result.reason == "OutOfMemory" and f"raise {field}" in result.message
     assert "restarted (OOMKilled (exit code 137))" in result.message
-    assert engine._interrupted[key] == (names.pod, 1000.0)
+    assert engine._lost_runs[key] == (names.pod, 1000.0)
     engine = PodEngine(settings, WorkspaceSettings(image="strata:1"), _PodReader(_lost_pod("Error", 1)))
     result = asyncio.run(engine._lost(request, "up", lost, ConnectionResetError("reset"), 0.0, 1000.0))
     assert result.reason == "UpdateInterrupted" and result.message.endswith("it is run again")

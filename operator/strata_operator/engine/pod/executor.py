@@ -106,17 +106,14 @@ class PodEngine(SerializedEngine):
         self.settings, self.workspace, self.kube = settings, workspace, kube
         self._running: dict[str, Workspace] = {}
         self._known: dict[str, Workspace] = {}
-        # Stacks whose last run died with its pod: (the pod's hostname, when that run started).
-        self._interrupted: dict[str, tuple[str, float]] = {}
         self._http: tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession] | None = None
 
     async def start(self) -> None:
         """Nothing to start ahead: each Stack's pod starts with its first operation."""
 
-    async def recover(self, request: UpdateRequest) -> UpdateResult:
-        # The interrupted run took its lock under the pod's hostname, not the operator's.
-        return await self.run("recover", dataclasses.replace(request,
-                                                             interrupted_host=WorkspaceNames.of(request.stack_key).pod))
+    def _lock_host(self, stack_key: str, run_host: str) -> str:
+        # Every run of the Stack takes its lock under its workspace pod's hostname, not the operator's.
+        return WorkspaceNames.of(stack_key).pod
 
     async def prepare(self, request: UpdateRequest) -> str:
         """Start the workspace pod ahead of its first operation (a PKO Workspace turns Ready with its pod):
@@ -132,7 +129,6 @@ class PodEngine(SerializedEngine):
         super().forget(stack_key)
         if not self.busy(stack_key):
             self._known.pop(stack_key, None)
-            self._interrupted.pop(stack_key, None)
 
     async def cancel(self, stack_key: str) -> bool:
         workspace = self._running.get(stack_key)
@@ -159,7 +155,6 @@ class PodEngine(SerializedEngine):
         try:
             workspace = await self._workspace(request)
             self._running[request.stack_key] = workspace
-            await self._recover_lost_run(workspace, request)
             answer = await self._operate(workspace, operation, request)
         except WorkspaceError as err:
             return UpdateResult("failed", redact(str(err)), reason=WORKSPACE_FAILED,
@@ -226,17 +221,6 @@ class PodEngine(SerializedEngine):
                                      f"{(await response.text())[:300]}")
             return await response.json()
 
-    async def _recover_lost_run(self, workspace: Workspace, request: UpdateRequest) -> None:
-        lost = self._interrupted.get(request.stack_key)
-        if lost is None:
-            return
-        host, since = lost
-        recover = dataclasses.replace(request, interrupted_host=host, interrupted_since=since)
-        answer = await self._operate(workspace, "recover", recover)  # raising, it stays to do next time
-        if answer["result"].get("outcome") != "succeeded":
-            raise WorkspaceError(f"clearing the lost run's lock failed: {answer['result'].get('message', '')}")
-        del self._interrupted[request.stack_key]
-
     async def _lost(self, request: UpdateRequest, operation: Operation, workspace: Workspace | None,
                     err: Exception, started: float, started_at: float) -> UpdateResult:
         """The connection to the pod broke mid-operation: say what happened to the pod."""
@@ -252,7 +236,7 @@ class PodEngine(SerializedEngine):
         else:
             what = f"the connection to the workspace pod {workspace.pod} broke ({err})"
         if operation not in ("outputs", "recover"):
-            self._interrupted[request.stack_key] = (names.pod, started_at)
+            self.lost_run(request.stack_key, names.pod, started_at)
         if pod is not None and last_termination(pod).startswith("OOMKilled") and restarted(pod) > workspace.restarts:
             # Run again at once, it would be killed again: a failure, retried with backoff once the limit is raised.
             return UpdateResult("failed", redact(f"{what} during the {operation}: the workspace pod ran out of "
