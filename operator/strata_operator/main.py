@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -163,7 +164,8 @@ class ObjectPrefixFormatter(logging.Formatter):
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Parse `argv` (without the program name) and run the operator until interrupted."""
+    """Parse `argv` (without the program name) and run the operator until interrupted; a stopped operator
+    ends its process here (an operator that cannot start returns 1)."""
     import kopf
 
     for module in HANDLER_MODULES:  # importing one registers its Kopf handlers
@@ -235,4 +237,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         # server, if one started, exits with this process (its stdin closes).
         log.critical("cannot start: %s", describe_startup_failure(err))
         return 1
-    return 0
+    # Stopped: its updates drained, its Lease handed over. The interpreter's own teardown would now free the
+    # heap object by object (1.4 s with one Stack, measured), which a rolling upgrade or `make down` waits on.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
