@@ -217,8 +217,12 @@ async def _stop_waiting(ctx: Context, key: str, watched: Watched, stopped: kopf.
     watched.wakeup.set()
 
 
+# The event handlers are coroutines: Kopf runs a plain function on a thread, where iterating the registry
+# raced the daemons adding and removing Stacks ("dictionary changed size during iteration", the event's
+# wake-ups lost) and asyncio.Event.set is not thread-safe.
 @kopf.on.event(GROUP, VERSION, "stacks")
-def stack_changed(namespace: str, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
+async def stack_changed(namespace: str, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo,
+                        **_: Any) -> None:
     if type == "DELETED":
         memo.ctx.engine.forget(stack_key(namespace, name))
     registry: Registry = memo.ctx.registry
@@ -230,7 +234,7 @@ def stack_changed(namespace: str, name: str, body: kopf.Body, type: str | None, 
 
 
 def _flux_changed(kind: str):
-    def handler(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    async def handler(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         memo.ctx.registry.wake_where(namespace, lambda w: w.flux == (kind, name))
     return handler
 

@@ -1,6 +1,12 @@
 """Which watch events wake a Stack's daemon: changes that can call for a run, not its own status writes."""
 
+import asyncio
+import importlib
+
+import kopf
+
 from strata_operator.controllers.context import Registry, Watched, intent
+from strata_operator.main import HANDLER_MODULES
 
 
 def _stack(generation=1, annotations=None, status=None):
@@ -69,3 +75,17 @@ def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
 
     asyncio.run(fleet())
     assert peak[0] == 2 and sorted(passes) == sorted(f"s{index}" for index in range(10))
+
+
+def test_every_resource_handler_runs_on_the_event_loop():
+    """Kopf runs a plain-function handler on a thread: there, waking Stacks iterated the registry while the
+    daemons added and removed entries ("dictionary changed size during iteration" in a 200-Stack run, the
+    event's wake-ups lost) and set asyncio Events from outside their loop."""
+    for module in HANDLER_MODULES:
+        importlib.import_module(f"strata_operator.{module}")
+    registry = kopf.get_default_registry()
+    handlers = [*registry._watching.get_all_handlers(), *registry._changing.get_all_handlers(),
+                *registry._spawning.get_all_handlers()]
+    assert {handler.id for handler in handlers} >= {"stack_changed", "program_changed", "flux-gitrepositories"}
+    on_threads = [handler.id for handler in handlers if not asyncio.iscoroutinefunction(handler.fn)]
+    assert on_threads == []
