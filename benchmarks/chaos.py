@@ -34,6 +34,7 @@ import os
 import random
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -41,7 +42,7 @@ from pathlib import Path
 from kubernetes import client
 
 from harness import (GROUP, VERSION, Bench, StackWatch, cpu_seconds, engine_runs, is_ready, locks_left,
-                     platform_with_operator, stash_program, write_json)
+                     platform_with_operator, stack_updates, stash_program, write_json)
 from strata_components.local import realnode
 from strata_components.local.processes import descendants, wait_until
 
@@ -233,15 +234,28 @@ def run_phase(bench: Bench, operator: Operator, watch: StackWatch, fault: str, r
             "outages": [outage.figures(started) for outage in outages], "wall_started": wall_started}
 
 
-def phase_figures(phase: dict, backends: dict[str, Path], fault: str, count: int) -> dict:
-    """Engine runs of the phase (from the backends' history): the round's per Stack, and the other rounds'."""
+def phase_figures(phase: dict, backends: dict[str, Path], fault: str, count: int, revision: str,
+                  resources: int) -> dict:
+    """Engine runs of the phase (from the backends' history): the round's per Stack (those that applied the
+    phase's revision), and the other rounds' since the phase started."""
     since = int(phase.pop("wall_started"))  # the history's startTime is in whole seconds
-    runs = engine_runs(backends[fault], since)
+    runs = Counter(name for name, updates in stack_updates(backends[fault]).items() for update in updates
+                   if run_revision(update, fault, resources) == revision)
     others = sum(sum(engine_runs(backend, since).values()) for name, backend in backends.items() if name != fault)
     return {**phase, "engine_runs": sum(runs.values()), "duplicate_runs": sum(n - 1 for n in runs.values() if n > 1),
             "stacks_run_twice_or_more": sorted(name for name, n in runs.items() if n > 1),
             "stacks_not_run": count - len(runs), "most_runs_of_one_stack": max(runs.values(), default=0),
             "other_rounds_engine_runs": others, "locks_left": locks_left(list(backends.values()))}
+
+
+def run_revision(update: dict, fault: str, resources: int) -> str:
+    """The round's Program revision a run applied, by the resources its stack holds after it: the stack
+    and `resources` Stashes after the fill's, one more after the change's. (By time, a fill run that ends in
+    the second the Program changes counts in the change too: startTime is in whole seconds; by message, a
+    resumed run's names no revision.)"""
+    changes = update.get("resourceChanges") or {}
+    held = sum(changes.get(op, 0) for op in ("create", "same", "update", "replace"))
+    return f"{fault}/2" if held > resources + 1 else f"{fault}/1"
 
 
 def say_phase(fault: str, phase_name: str, figures: dict) -> None:
@@ -300,7 +314,7 @@ def main() -> None:
             print(f"{fault}: {args.stacks} Stacks created, the fill", flush=True)
             rounds = figures["rounds"][fault] = {}
             fill = run_phase(bench, operator, watch, fault, f"{fault}/1", args.stacks, rng, changed)
-            rounds["fill"] = phase_figures(fill, backends, fault, args.stacks)
+            rounds["fill"] = phase_figures(fill, backends, fault, args.stacks, f"{fault}/1", args.resources)
             say_phase(fault, "fill", rounds["fill"])
             say_events(bench, rounds["fill"]["stacks_run_twice_or_more"])
             write_json(args.json, figures)
@@ -309,7 +323,8 @@ def main() -> None:
                                                         {"program": stash_program(args.resources + 1)})
             print(f"{fault}: the Program changed, every Stack re-runs", flush=True)
             change = run_phase(bench, operator, watch, fault, f"{fault}/2", args.stacks, rng, changed)
-            rounds["change"] = phase_figures(change, backends, fault, args.stacks)
+            rounds["change"] = phase_figures(change, backends, fault, args.stacks, f"{fault}/2",
+                                             args.resources)
             say_phase(fault, "change", rounds["change"])
             say_events(bench, rounds["change"]["stacks_run_twice_or_more"])
             write_json(args.json, figures)

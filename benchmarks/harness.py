@@ -186,9 +186,13 @@ def engine_run_starts(backend: Path, since: float = 0) -> dict[str, list[int]]:
     """When each engine run began, per stack, from a file:// backend's own update history (one file per
     finished `pulumi up`, whatever the operator logged or recorded): those started at or after `since`
     (Unix time; the history's startTime is in whole seconds)."""
-    updates = history_updates(((entry.parent.name, json.loads(entry.read_text()))
-                               for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json")), since)
-    return {name: [update["startTime"] for update in runs] for name, runs in updates.items()}
+    return {name: [update["startTime"] for update in runs] for name, runs in stack_updates(backend, since).items()}
+
+
+def stack_updates(backend: Path, since: float = 0) -> dict[str, list[dict]]:
+    """Each stack's `pulumi up` runs in a file:// backend's update history (see history_updates)."""
+    return history_updates(((entry.parent.name, json.loads(entry.read_text()))
+                            for entry in (backend / ".pulumi" / "history").glob("*/*/*.history.json")), since)
 
 
 def history_updates(entries: Iterable[tuple[str, dict]], since: float = 0) -> dict[str, list[dict]]:
