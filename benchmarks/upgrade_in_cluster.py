@@ -37,7 +37,8 @@ with its latest generation; engine runs per changed Stack from the bucket's upda
 not the operator's log; must be 1 each: duplicates and lost updates counted), which version ran them (the
 history's start time against N+1's taking the Lease: N's leader leads until it has drained) and where they
 stood at N's leader's SIGTERM (finished, running a CLI, started by N while it drained, started by N+1); runs
-of the Stacks that needed nothing (must be 0); locks left in the bucket (must be 0); Stacks not Ready (must be
+of the Stacks that needed nothing (must be 0; each such run and any second run is listed with its start and its
+message, which names why the operator ran it); locks left in the bucket (must be 0); Stacks not Ready (must be
 0); the N+1 pods' log lines at ERROR level. Progress is printed at least every 10 s.
 """
 
@@ -211,6 +212,14 @@ def drain_figures(updates: dict[str, list[dict]], names: list[str], stop: float,
             "last_run_ended_after_sigterm_s": round(max((u["endTime"] for u in runs), default=stop) - stop, 1)}
 
 
+def runs_named(updates: dict[str, list[dict]], names: list[str], started: float,
+               redact: Callable[[str], str]) -> list[dict]:
+    """The Stacks' engine runs from the history, to tell why each ran: start and end in seconds from `started`
+    (pulumi up's start, epoch), and the update's message (the plan's words and `[strata run <name>]`)."""
+    return [{"stack": name, "start_s": round(u["startTime"] - started, 1), "end_s": round(u["endTime"] - started, 1),
+             "message": redact(u.get("message", ""))} for name in names for u in updates.get(name, [])]
+
+
 def pod_image(pod: client.V1Pod) -> str:
     return pod.spec.containers[0].image
 
@@ -356,7 +365,7 @@ def main() -> int:
 
         hb.phase(f"version N+1: pulumi up of the Operator program from tree N+1, {references['n_plus_1']}, "
                  f"args {' '.join(NEXT_ARGS)}; mid-update Stacks {figures['mid_update_at_pulumi_up_start']}")
-        started = time.monotonic()
+        started, started_epoch = time.monotonic(), time.time()
         with ThreadPoolExecutor(1) as pool:
             deploying = pool.submit(deploy.up, trees["n_plus_1"], operator_args(references["n_plus_1"], NEXT_ARGS))
             figures["n_plus_1"].update(watch_rollout(cluster, references["n_plus_1"], deploying, mid, during, started))
@@ -383,6 +392,11 @@ def main() -> int:
             if "told_to_stop_epoch" in n_leader:  # else gone between two looks: no SIGTERM time to place runs by
                 figures[group]["at_n_leader_sigterm"] = drain_figures(
                     updates, group_names, n_leader["told_to_stop_epoch"], rollout["n_plus_1_lease_acquired_epoch"])
+        # Runs that should not be (an idle Stack's, a second one of a changed Stack's), with the plan's words.
+        twice = figures["mid_update"]["stacks_run_twice_or_more"] + figures["changed_during_upgrade"][
+            "stacks_run_twice_or_more"]
+        figures["unexpected_runs"] = runs_named(updates, [n for n in idle if n in updates] + twice, started_epoch,
+                                                cluster.redact)
         deployment = client.AppsV1Api(api).read_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE)
         figures.update({
             "engine_runs_not_succeeded": sum(u.get("result") != "succeeded" for runs in updates.values() for u in runs),
@@ -394,6 +408,8 @@ def main() -> int:
             "n_plus_1_restarts": sum(c.restart_count for p in cluster.operator_pods()
                                      for c in p.status.container_statuses or [])})
     say_runs(figures, hb.say)
+    for run in figures["unexpected_runs"]:
+        hb.say(f"unexpected run: {run}")
     for e in rollout["n_pods"].values():
         hb.say(f"N's {'leader' if e['leader'] else 'standby'}: told to stop at {e.get('told_to_stop_at_s')} s with "
                f"mid-update Stacks {e.get('mid_update_at_told_to_stop')}, gone at {e.get('gone_at_s')} s "
