@@ -143,23 +143,28 @@ def start_operator(cluster: Cluster, toolchain) -> str:
     return reference
 
 
-def create_team(cluster: Cluster, count: int, resources: int, program: str = PROGRAM) -> list[str]:
+def create_team(cluster: Cluster, count: int, resources: int, program: str = PROGRAM,
+                first: tuple[int, str, dict] | None = None) -> list[str]:
     """The team namespace, its Secret (the object store's keys and a passphrase), the Program and the
-    Stacks (named <program>-<index>, returned), their state in the cluster's bucket."""
+    Stacks (named <program>-<index>, returned), their state in the cluster's bucket. `first` (how many,
+    a Program name, its body): the first Stacks use that Program instead, created too."""
     cluster.platform.create_bucket(cluster.bucket.bucket)
     cluster.core.create_namespace({"metadata": {"name": cluster.team}})
     env_refs, passphrase = object_store_secret(cluster.platform, cluster.core, cluster.team)
     cluster.redact.secrets.append(passphrase)
-    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cluster.team, "programs", {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": program},
-        "program": stash_program(resources, "fill")})
+    first_count, first_name, first_body = first or (0, "", {})
+    programs = {program: stash_program(resources, "fill"), **({first_name: first_body} if first_count else {})}
+    for name, body in programs.items():
+        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cluster.team, "programs", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": name}, "program": body})
     # The endpoint and bucket only: no credential in it.
     backend = cluster.platform.s3_backend_url(cluster.bucket.bucket)
     names = [f"{program}-{index:02d}" for index in range(count)]
-    for name in names:
+    for index, name in enumerate(names):
+        ref = first_name if index < first_count else program
         cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cluster.team, "stacks", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name},
-            "spec": {"stack": name, "backend": backend, "programRef": {"name": program}, "envRefs": env_refs}})
+            "spec": {"stack": name, "backend": backend, "programRef": {"name": ref}, "envRefs": env_refs}})
     return names
 
 

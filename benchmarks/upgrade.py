@@ -167,9 +167,11 @@ def error_lines(log: Path, offset: int) -> list[str]:
         return [line for line in file.read().decode(errors="replace").splitlines() if "ERROR" in line]
 
 
-def parse_fleet_args(description: str) -> argparse.Namespace:
-    """The fleet's options, shared by the host and the in-cluster upgrade."""
+def parse_fleet_args(description: str, more: Callable[[argparse.ArgumentParser], None] = lambda _: None
+                     ) -> argparse.Namespace:
+    """The fleet's options, shared by the host and the in-cluster upgrade (`more` adds a benchmark's own)."""
     parser = argparse.ArgumentParser(description=description)
+    more(parser)
     parser.add_argument("--stacks", type=int, default=200)
     parser.add_argument("--mid-update", type=int, default=20, help="Stacks changed just before the upgrade")
     parser.add_argument("--during-upgrade", type=int, default=10,

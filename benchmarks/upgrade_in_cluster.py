@@ -2,7 +2,8 @@
 Operator component, with a fleet Ready and part of it mid-update (#29 item 2, the in-cluster half).
 
     sudo flock /tmp/strata-heavy.lock .venv/bin/python benchmarks/upgrade_in_cluster.py [--stacks 200]
-        [--mid-update 20] [--during-upgrade 10] [--json benchmarks/results/upgrade-in-cluster.json]
+        [--mid-update 20] [--mid-update-resources 200] [--during-upgrade 10]
+        [--json benchmarks/results/upgrade-in-cluster.json]
 
 The two versions are two source trees of this repository's HEAD, unpacked by `git archive` into the scratch
 directory: N as committed, and N+1 the same with one optional field (`spec.upgradeNote`,
@@ -16,22 +17,29 @@ workspace pods would not fit this host), on the real nodes, a 2 GiB memory limit
 pulumi CLIs). The user's pulumi CLI runs it with this virtualenv's Python and the tree on PYTHONPATH; its
 state is a file:// backend of the scratch directory, with a passphrase.
 
-Version N: the program from tree N, image N, default flags. --stacks Stacks of one 3-resource Stash YAML
-Program, state in an s3:// bucket of MinIO (keys in a Secret the Stacks' envRefs name), are filled to
-Ready. --mid-update of them get a spec change, and once the operator has started each of their updates
+Version N: the program from tree N, image N, default flags. --stacks Stacks of a 3-resource Stash YAML
+Program, state in an s3:// bucket of MinIO (keys in a Secret the Stacks' envRefs name), are filled to Ready;
+the first --mid-update of them have a Program of their own, --mid-update-resources Stash resources whose
+inputs name the Stack's config `round`. Those get a spec change (config round 2: every input changes, so each
+update steps through all of its resources; N's leader runs 4 at a time), long enough that some still run when
+N's leader is told to stop, about 70 s into the rollout. Once the operator has started each of their updates
 the upgrade strikes: `pulumi up` of the program from tree N+1, image N+1 and a changed default
-(--min-resync-seconds 120; N's is 60). It updates the Stack CRD (the new field) and then the Deployment,
-which the component rolls (RollingUpdate, one pod more at a time, none unavailable): each N+1 pod starts,
-as a standby, before an N pod is told to stop; that pod drains (the leader finishes its running updates,
-up to the 330 s grace) and hands the Lease over. Half of --during-upgrade other Stacks get a spec change
-once the first N pod is told to stop, the other half once both are gone.
+(--min-resync-seconds 120; N's is 60). It updates the Stack CRD (the new field) and then the Deployment, which
+the component rolls (RollingUpdate, one pod more at a time, none unavailable): each N+1 pod starts, as a
+standby, before an N pod is told to stop; that pod drains (the leader finishes the updates it has started,
+running or waiting for one of its 4 slots, for up to 300 s of the 330 s grace) and hands the Lease over.
+Half of --during-upgrade other Stacks get a spec change once the first N pod is told to stop, the other half
+once both are gone.
 Reported: the rollout (pulumi up's start until both N+1 pods are Ready and one leads), pulumi up's own
-duration, each N pod's drain (deletion to gone), when the new field was served; seconds until every Stack
-is Ready with its latest generation; engine runs per changed Stack from the bucket's update history
-(.pulumi/history/, not the operator's log; must be 1 each: duplicates and lost updates counted) and which
-version ran them (the history's start time against the first N+1 pod's creation); runs of the Stacks that
-needed nothing (must be 0); locks left in the bucket (must be 0); Stacks not Ready (must be 0); the N+1
-pods' log lines at ERROR level. Progress is printed at least every 10 s.
+duration, each N pod's drain (deletion to gone) and the mid-update Stacks' state (in progress, done) when it
+was told to stop, when N+1 took the Lease, when the new field was served; seconds until every Stack is Ready
+with its latest generation; engine runs per changed Stack from the bucket's update history (.pulumi/history/,
+not the operator's log; must be 1 each: duplicates and lost updates counted), which version ran them (the
+history's start time against N+1's taking the Lease: N's leader leads until it has drained) and where they
+stood at N's leader's SIGTERM (finished, running a CLI, started by N while it drained, started by N+1); runs
+of the Stacks that needed nothing (must be 0; each such run and any second run is listed with its start and its
+message, which names why the operator ran it); locks left in the bucket (must be 0); Stacks not Ready (must be
+0); the N+1 pods' log lines at ERROR level. Progress is printed at least every 10 s.
 """
 
 from __future__ import annotations
@@ -49,8 +57,8 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from cluster_faults import Cluster, create_team
-from harness import Heartbeat, cluster_platform, write_json
+from cluster_faults import LEASE, Cluster, create_team
+from harness import Heartbeat, cluster_platform, stash_program, write_json
 from strata_components.local import realnode
 from strata_components.local.images import ImageArchive
 from strata_components.local.kube import api_client
@@ -65,6 +73,7 @@ STACK_CRD = Path("operator/strata_operator/api/crds/pulumi.com_stacks.yaml")
 TEAM = "team-upgrade"
 BUCKET = "upgrade"
 PROGRAM = "upgrade"
+LONG_PROGRAM = "upgrade-long"  # the mid-update Stacks': their change steps through all its resources
 # The leader runs the updates' pulumi CLIs in its own pod (the default limit is 1 GiB).
 OPERATOR_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}}
 DEPLOY_PROJECT = "strata-upgrade-deploy"
@@ -169,6 +178,48 @@ def operator_args(image: str, flags: tuple[str, ...] = ()) -> dict:
             "tolerations": [dict(realnode.TOLERATION)], "resources": OPERATOR_RESOURCES, "args": list(flags)}
 
 
+def long_program(count: int) -> dict:
+    """A YAML Program of `count` Stash resources whose inputs name the Stack's config `round`: the change every
+    changed Stack gets (round 2) changes each of them, so the update steps through all `count`."""
+    body = stash_program(count)
+    body["configuration"] = {"round": {"type": "String", "default": "1"}}
+    for index, resource in enumerate(body["resources"].values()):
+        resource["properties"]["input"] = f"value {index} round ${{round}}"
+    return body
+
+
+def lease_holder(cluster: Cluster) -> tuple[str, float | None]:
+    """The operator pod holding the Lease ('' when none) and when it acquired it (epoch seconds)."""
+    try:
+        spec = client.CoordinationV1Api(cluster.api).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE).spec
+    except client.ApiException as error:
+        if error.status == 404:
+            return "", None
+        raise
+    return (spec.holder_identity or "").rsplit("_", 1)[0], spec.acquire_time.timestamp() if spec.acquire_time else None
+
+
+def drain_figures(updates: dict[str, list[dict]], names: list[str], stop: float, handover: float) -> dict:
+    """Where the Stacks' engine runs (the bucket's history, whole seconds) stood at N's leader's SIGTERM
+    (`stop`) and N+1's taking the Lease (`handover`), both epoch seconds: a run that started in the second of
+    the SIGTERM counts as running at it."""
+    runs = [u for name in names for u in updates.get(name, [])]
+    stop, handover = int(stop), int(handover)
+    return {"finished_before_sigterm": sum(u["endTime"] < stop for u in runs),
+            "running_a_cli_at_sigterm": sum(u["startTime"] <= stop <= u["endTime"] for u in runs),
+            "started_by_n_while_draining": sum(stop < u["startTime"] < handover for u in runs),
+            "started_by_n_plus_1": sum(u["startTime"] >= handover for u in runs),
+            "last_run_ended_after_sigterm_s": round(max((u["endTime"] for u in runs), default=stop) - stop, 1)}
+
+
+def runs_named(updates: dict[str, list[dict]], names: list[str], started: float,
+               redact: Callable[[str], str]) -> list[dict]:
+    """The Stacks' engine runs from the history, to tell why each ran: start and end in seconds from `started`
+    (pulumi up's start, epoch), and the update's message (the plan's words and `[strata run <name>]`)."""
+    return [{"stack": name, "start_s": round(u["startTime"] - started, 1), "end_s": round(u["endTime"] - started, 1),
+             "message": redact(u.get("message", ""))} for name in names for u in updates.get(name, [])]
+
+
 def pod_image(pod: client.V1Pod) -> str:
     return pod.spec.containers[0].image
 
@@ -182,8 +233,11 @@ def watch_rollout(cluster: Cluster, image: str, deploying: Future, mid: list[str
                   started: float) -> dict:
     """Watch the operator pods while N+1's `pulumi up` runs (`deploying`), until it has finished and both N+1
     pods are Ready with one leading and N's are gone; change the first half of `during` once an N pod is told
-    to stop (a deletion timestamp), the rest once they are gone. Times are seconds from `started` (pulumi up's start)."""
+    to stop (a deletion timestamp), the rest once they are gone. Times are seconds from `started` (pulumi up's
+    start); each N pod's SIGTERM (its deletion's request: the deletion timestamp less the grace period) and
+    N+1's taking the Lease (the Lease's acquireTime) are kept in epoch seconds too, to place the history's runs."""
     hb = cluster.hb
+    epoch = time.time() - (time.monotonic() - started)
     leader = cluster.leader()
     old = {p.metadata.name: {"node": p.spec.node_name, "leader": p.metadata.name == leader, "image": pod_image(p)}
            for p in cluster.operator_pods()}
@@ -196,6 +250,11 @@ def watch_rollout(cluster: Cluster, image: str, deploying: Future, mid: list[str
             pod = pods.get(name)
             if pod is not None and pod.metadata.deletion_timestamp and "told_to_stop_at_s" not in entry:
                 entry["told_to_stop_at_s"] = round(now, 1)
+                entry["told_to_stop_epoch"] = (pod.metadata.deletion_timestamp.timestamp()
+                                               - (pod.metadata.deletion_grace_period_seconds or 0))
+                entry["mid_update_at_told_to_stop"] = counts(cluster.stacks(), mid)
+                hb.say(f"rollout {now:.1f} s: N's {'leader' if entry['leader'] else 'standby'} {name} told to stop; "
+                       f"mid-update Stacks {entry['mid_update_at_told_to_stop']}")
             if pod is None and "gone_at_s" not in entry:
                 entry["gone_at_s"] = round(now, 1)
                 told = entry.get("told_to_stop_at_s")  # None: gone between two looks
@@ -204,10 +263,8 @@ def watch_rollout(cluster: Cluster, image: str, deploying: Future, mid: list[str
             figures["crd_field_served_at_s"] = round(now, 1)
         if "n_told_to_stop_at_s" not in figures and any("told_to_stop_at_s" in e for e in old.values()):
             figures["n_told_to_stop_at_s"] = round(now, 1)
-            figures["mid_update_when_n_told_to_stop"] = counts(cluster.stacks(), mid)
             change_spec(cluster.custom, cluster.team, during[:len(during) // 2])
-            hb.say(f"rollout {now:.1f} s: N's pods told to stop, mid-update Stacks "
-                   f"{figures['mid_update_when_n_told_to_stop']}; {len(during) // 2} Stacks changed")
+            hb.say(f"rollout {now:.1f} s: an N pod told to stop; {len(during) // 2} Stacks changed")
         if "n_gone_at_s" not in figures and all("gone_at_s" in e for e in old.values()):
             figures["n_gone_at_s"] = round(now, 1)
             change_spec(cluster.custom, cluster.team, during[len(during) // 2:])
@@ -215,9 +272,16 @@ def watch_rollout(cluster: Cluster, image: str, deploying: Future, mid: list[str
         new = [p for p in pods.values() if pod_image(p) == image]
         if new and "n_plus_1_first_pod_created" not in figures:
             figures["n_plus_1_first_pod_created"] = min(p.metadata.creation_timestamp for p in new).timestamp()
+        if new and "n_plus_1_led_at_s" not in figures:
+            holder, acquired = lease_holder(cluster)
+            if holder in {p.metadata.name for p in new}:
+                figures["n_plus_1_lease_acquired_epoch"] = acquired or time.time()
+                figures["n_plus_1_led_at_s"] = round(figures["n_plus_1_lease_acquired_epoch"] - epoch, 1)
+                hb.say(f"rollout {now:.1f} s: N+1's {holder} leads (Lease acquired at "
+                       f"{figures['n_plus_1_led_at_s']} s); mid-update Stacks {counts(cluster.stacks(), mid)}")
         if deploying.done() and "pulumi_up_s" not in figures:
             figures["pulumi_up_s"] = deploying.result()  # raises what the up raised
-        if "rollout_s" not in figures and cluster.operators_ready(2, image):
+        if "rollout_s" not in figures and "n_plus_1_led_at_s" in figures and cluster.operators_ready(2, image):
             figures["rollout_s"] = round(now, 1)
             figures["n_plus_1_leader"] = cluster.leader()
             figures["n_plus_1_pods"] = {p.metadata.name: p.spec.node_name for p in new}
@@ -245,12 +309,17 @@ def pod_error_lines(cluster: Cluster, pods: list[str]) -> list[str]:
 
 
 def main() -> int:
-    args = parse_fleet_args(__doc__.splitlines()[0])
+    args = parse_fleet_args(__doc__.splitlines()[0], lambda parser: parser.add_argument(
+        "--mid-update-resources", type=int, default=200,
+        help="Stash resources of the mid-update Stacks' Program, all changed by their update (200: some of "
+             "the 20 updates still run when N's leader is told to stop, about 70 s into the rollout, and the "
+             "rest finish well within its 300 s drain)"))
     hb = Heartbeat()
     figures = first_figures(args)
     commit = subprocess.run(["git", "-C", str(REPOSITORY), "rev-parse", "HEAD"], capture_output=True, text=True,
                             check=True).stdout.strip()
-    figures.update({"commit": commit, "executor": "process", "replicas": 2})
+    figures.update({"commit": commit, "executor": "process", "replicas": 2,
+                    "mid_update_resources": args.mid_update_resources})
     with cluster_platform(hb, "strata-bench-upgrade-") as (platform, _, scratch), \
             api_client(platform.kubeconfig_path) as api:
         cluster = Cluster(platform, api, hb, TEAM, BUCKET)
@@ -270,9 +339,11 @@ def main() -> int:
         cluster.wait(lambda: cluster.operators_ready(2, references["n"]), 300, "both N pods Ready and one leading")
         hb.say(f"N Ready in {figures['n']['pulumi_up_s']} s of pulumi up: leader {cluster.leader()}")
 
-        names = create_team(cluster, args.stacks, args.resources, PROGRAM)
+        names = create_team(cluster, args.stacks, args.resources, PROGRAM,
+                            (args.mid_update, LONG_PROGRAM, long_program(args.mid_update_resources)))
         mid, during, idle = split_fleet(names, args)
-        hb.phase(f"the fill: {args.stacks} Stacks of {args.resources} Stash resources, state in s3://{BUCKET}")
+        hb.phase(f"the fill: {args.stacks} Stacks of {args.resources} Stash resources ({args.mid_update} of "
+                 f"{args.mid_update_resources}), state in s3://{BUCKET}")
 
         def fleet_wait(*wait_args, **options) -> tuple[list[dict], float]:
             return wait_for_fleet(cluster.stacks, *wait_args, say=hb.say,
@@ -294,7 +365,7 @@ def main() -> int:
 
         hb.phase(f"version N+1: pulumi up of the Operator program from tree N+1, {references['n_plus_1']}, "
                  f"args {' '.join(NEXT_ARGS)}; mid-update Stacks {figures['mid_update_at_pulumi_up_start']}")
-        started = time.monotonic()
+        started, started_epoch = time.monotonic(), time.time()
         with ThreadPoolExecutor(1) as pool:
             deploying = pool.submit(deploy.up, trees["n_plus_1"], operator_args(references["n_plus_1"], NEXT_ARGS))
             figures["n_plus_1"].update(watch_rollout(cluster, references["n_plus_1"], deploying, mid, during, started))
@@ -314,7 +385,18 @@ def main() -> int:
         fleet = cluster.stacks() or []
         updates = cluster.bucket.updates(int(changed))  # the history's startTime is in whole seconds
         starts = {name: [update["startTime"] for update in runs] for name, runs in updates.items()}
-        figures.update(fleet_figures(starts, fleet, (mid, during, idle), rollout["n_plus_1_first_pod_created"]))
+        # Whose runs: before N+1 took the Lease, N's (N's leader leads until it has drained, rolling).
+        figures.update(fleet_figures(starts, fleet, (mid, during, idle), rollout["n_plus_1_lease_acquired_epoch"]))
+        n_leader = next(e for e in rollout["n_pods"].values() if e["leader"])
+        for group, group_names in (("mid_update", mid), ("changed_during_upgrade", during)):
+            if "told_to_stop_epoch" in n_leader:  # else gone between two looks: no SIGTERM time to place runs by
+                figures[group]["at_n_leader_sigterm"] = drain_figures(
+                    updates, group_names, n_leader["told_to_stop_epoch"], rollout["n_plus_1_lease_acquired_epoch"])
+        # Runs that should not be (an idle Stack's, a second one of a changed Stack's), with the plan's words.
+        twice = figures["mid_update"]["stacks_run_twice_or_more"] + figures["changed_during_upgrade"][
+            "stacks_run_twice_or_more"]
+        figures["unexpected_runs"] = runs_named(updates, [n for n in idle if n in updates] + twice, started_epoch,
+                                                cluster.redact)
         deployment = client.AppsV1Api(api).read_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE)
         figures.update({
             "engine_runs_not_succeeded": sum(u.get("result") != "succeeded" for runs in updates.values() for u in runs),
@@ -326,6 +408,14 @@ def main() -> int:
             "n_plus_1_restarts": sum(c.restart_count for p in cluster.operator_pods()
                                      for c in p.status.container_statuses or [])})
     say_runs(figures, hb.say)
+    for run in figures["unexpected_runs"]:
+        hb.say(f"unexpected run: {run}")
+    for e in rollout["n_pods"].values():
+        hb.say(f"N's {'leader' if e['leader'] else 'standby'}: told to stop at {e.get('told_to_stop_at_s')} s with "
+               f"mid-update Stacks {e.get('mid_update_at_told_to_stop')}, gone at {e.get('gone_at_s')} s "
+               f"(drain {e.get('drain_s')} s)")
+    hb.say(f"mid-update runs at N's leader's SIGTERM: {figures['mid_update'].get('at_n_leader_sigterm')}; N+1 led at "
+           f"{rollout['n_plus_1_led_at_s']} s")
     hb.say(f"rollout {rollout['rollout_s']} s (pulumi up {rollout['pulumi_up_s']} s, N told to stop at "
            f"{rollout.get('n_told_to_stop_at_s')} s, gone at {rollout.get('n_gone_at_s')} s, drains "
            f"{[e.get('drain_s') for e in rollout['n_pods'].values()]} s); all {args.stacks} Ready with their latest "
