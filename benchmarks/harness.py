@@ -182,11 +182,27 @@ class StackWatch(threading.Thread):
         return [minutes.get(index, 0) for index in range(max(1, int((end - start) // 60)))]
 
 
+def runs_since_change(updates: dict[str, list[dict]], at_change: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The runs of `updates` (the history read after a change) that are not in `at_change` (the history read
+    at the change): startTime is in whole seconds, so a run that ended in the second of the change would
+    otherwise count as one after it."""
+    before = {(name, update["startTime"], update.get("message", "")) for name, runs in at_change.items()
+              for update in runs}
+    after = {name: [update for update in runs if (name, update["startTime"], update.get("message", "")) not in before]
+             for name, runs in updates.items()}
+    return {name: runs for name, runs in after.items() if runs}
+
+
+def start_times(updates: dict[str, list[dict]]) -> dict[str, list[int]]:
+    """Each stack's runs' start times (Unix seconds)."""
+    return {name: [update["startTime"] for update in runs] for name, runs in updates.items()}
+
+
 def engine_run_starts(backend: Path, since: float = 0) -> dict[str, list[int]]:
     """When each engine run began, per stack, from a file:// backend's own update history (one file per
     finished `pulumi up`, whatever the operator logged or recorded): those started at or after `since`
     (Unix time; the history's startTime is in whole seconds)."""
-    return {name: [update["startTime"] for update in runs] for name, runs in stack_updates(backend, since).items()}
+    return start_times(stack_updates(backend, since))
 
 
 def stack_updates(backend: Path, since: float = 0) -> dict[str, list[dict]]:

@@ -40,8 +40,8 @@ from pathlib import Path
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from harness import (GROUP, VERSION, Bench, engine_run_starts, is_ready, locks_left, platform_with_operator,
-                     stash_program, write_json)
+from harness import (GROUP, VERSION, Bench, is_ready, locks_left, platform_with_operator, runs_since_change,
+                     stack_updates, start_times, stash_program, write_json)
 from strata_components.local.operator_host import apply_crds, operator_host
 from strata_components.local.processes import descendants, wait_until
 from strata_components.local.toolchain import installed
@@ -242,7 +242,7 @@ def main() -> None:
         successor = operator_host(bench.platform, installed(), bench.scratch / "operator", extra_args=NEXT_ARGS)
         figures["n_plus_1"]["field_served_before"] = new_field_served(bench.custom, bench.namespace)
 
-        changed = time.time()
+        changed, filled = time.time(), stack_updates(backend)
         change_spec(bench.custom, bench.namespace, mid)
         print(f"{len(mid)} Stacks changed; waiting until the operator has started all of their updates", flush=True)
         try:
@@ -288,7 +288,7 @@ def main() -> None:
         time.sleep(10)  # a late duplicate would show now
 
         fleet = bench.stacks()
-        starts = engine_run_starts(backend, int(changed))
+        starts = start_times(runs_since_change(stack_updates(backend, int(changed)), filled))
         figures.update(fleet_figures(starts, fleet, (mid, during, idle), next_started))
         figures.update({"locks_left": locks_left([backend]),
                         "n_plus_1_error_log_lines": error_lines(successor.log, log_offset)})

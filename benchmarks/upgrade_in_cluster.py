@@ -58,7 +58,7 @@ import yaml
 from kubernetes import client
 
 from cluster_faults import LEASE, Cluster, create_team
-from harness import Heartbeat, cluster_platform, stash_program, write_json
+from harness import Heartbeat, cluster_platform, runs_since_change, start_times, stash_program, write_json
 from strata_components.local import realnode
 from strata_components.local.images import ImageArchive
 from strata_components.local.kube import api_client
@@ -353,7 +353,7 @@ def main() -> int:
         figures["fill_seconds"] = round(fill, 1)
         figures["n_plus_1"]["field_served_before"] = new_field_served(cluster.custom, TEAM)
 
-        changed = time.time()
+        changed, filled = time.time(), cluster.bucket.updates()
         change_spec(cluster.custom, TEAM, mid)
         hb.phase(f"{len(mid)} Stacks changed; waiting until the operator has started each of their updates")
         try:
@@ -383,8 +383,8 @@ def main() -> int:
         time.sleep(10)
 
         fleet = cluster.stacks() or []
-        updates = cluster.bucket.updates(int(changed))  # the history's startTime is in whole seconds
-        starts = {name: [update["startTime"] for update in runs] for name, runs in updates.items()}
+        updates = runs_since_change(cluster.bucket.updates(int(changed)), filled)
+        starts = start_times(updates)
         # Whose runs: before N+1 took the Lease, N's (N's leader leads until it has drained, rolling).
         figures.update(fleet_figures(starts, fleet, (mid, during, idle), rollout["n_plus_1_lease_acquired_epoch"]))
         n_leader = next(e for e in rollout["n_pods"].values() if e["leader"])
