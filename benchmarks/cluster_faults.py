@@ -90,13 +90,18 @@ class Cluster:
 
     def leader(self) -> str:
         """The operator pod holding the Lease ('' when none does)."""
+        return self.lease()[0]
+
+    def lease(self) -> tuple[str, float | None]:
+        """The operator pod holding the Lease ('' when none does) and when it acquired it (epoch seconds)."""
         try:
-            lease = client.CoordinationV1Api(self.api).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE)
+            spec = client.CoordinationV1Api(self.api).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE).spec
         except client.ApiException as error:
             if error.status == 404:
-                return ""
+                return "", None
             raise
-        return (lease.spec.holder_identity or "").rsplit("_", 1)[0]
+        acquired = spec.acquire_time.timestamp() if spec.acquire_time else None
+        return (spec.holder_identity or "").rsplit("_", 1)[0], acquired
 
     def operator_pods(self) -> list[client.V1Pod]:
         return self.core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=OPERATOR_PODS).items

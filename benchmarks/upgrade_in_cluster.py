@@ -57,7 +57,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
-from cluster_faults import LEASE, Cluster, create_team
+from cluster_faults import Cluster, create_team
 from harness import Heartbeat, cluster_platform, runs_since_change, start_times, stash_program, write_json
 from strata_components.local import realnode
 from strata_components.local.images import ImageArchive
@@ -188,17 +188,6 @@ def long_program(count: int) -> dict:
     return body
 
 
-def lease_holder(cluster: Cluster) -> tuple[str, float | None]:
-    """The operator pod holding the Lease ('' when none) and when it acquired it (epoch seconds)."""
-    try:
-        spec = client.CoordinationV1Api(cluster.api).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE).spec
-    except client.ApiException as error:
-        if error.status == 404:
-            return "", None
-        raise
-    return (spec.holder_identity or "").rsplit("_", 1)[0], spec.acquire_time.timestamp() if spec.acquire_time else None
-
-
 def drain_figures(updates: dict[str, list[dict]], names: list[str], stop: float, handover: float) -> dict:
     """Where the Stacks' engine runs (the bucket's history, whole seconds) stood at N's leader's SIGTERM
     (`stop`) and N+1's taking the Lease (`handover`), both epoch seconds: a run that started in the second of
@@ -273,7 +262,7 @@ def watch_rollout(cluster: Cluster, image: str, deploying: Future, mid: list[str
         if new and "n_plus_1_first_pod_created" not in figures:
             figures["n_plus_1_first_pod_created"] = min(p.metadata.creation_timestamp for p in new).timestamp()
         if new and "n_plus_1_led_at_s" not in figures:
-            holder, acquired = lease_holder(cluster)
+            holder, acquired = cluster.lease()
             if holder in {p.metadata.name for p in new}:
                 figures["n_plus_1_lease_acquired_epoch"] = acquired or time.time()
                 figures["n_plus_1_led_at_s"] = round(figures["n_plus_1_lease_acquired_epoch"] - epoch, 1)
