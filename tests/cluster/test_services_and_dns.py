@@ -15,12 +15,22 @@ from strata_components.local import cluster_addons, processes, realnode
 from .conftest import on_node, wait_phase
 
 # Resolves names through the pod's resolv.conf (the cluster DNS), then calls the Service by its short name
-# and the apiserver by its Service name with TLS verified against that name.
+# and the apiserver by its Service name with TLS verified against that name. A refused call is tried again
+# for up to 20 s, as any client would: kube-proxy rejects a Service's traffic until it has written the
+# rules for its new endpoint, a moment after the EndpointSlice says so.
 CLIENT = """
-import json, os, socket, ssl, urllib.request
+import json, os, socket, ssl, time, urllib.error, urllib.request
 names = ["kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "web"]
 resolved = {name: socket.gethostbyname(name) for name in names}
-body = urllib.request.urlopen("http://web:8080/who", timeout=10).read().decode()
+deadline = time.monotonic() + 20
+while True:
+    try:
+        body = urllib.request.urlopen("http://web:8080/who", timeout=10).read().decode()
+        break
+    except urllib.error.URLError as error:
+        if not isinstance(error.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
 sa = "/var/run/secrets/kubernetes.io/serviceaccount"
 context = ssl.create_default_context(cafile=f"{sa}/ca.crt")
 request = urllib.request.Request("https://kubernetes.default.svc/version",
@@ -62,6 +72,13 @@ def test_a_pod_on_either_node_resolves_names_and_reaches_a_service_backed_on_the
     wait_phase(core, namespace, "web", {"Running"})
     processes.wait_until(lambda: all(c.ready for c in core.read_namespaced_pod("web", namespace).status
                                      .container_statuses or []), 60, "web ready")
+    web_ip = core.read_namespaced_pod("web", namespace).status.pod_ip
+    discovery = client.DiscoveryV1Api(kube_client)
+    processes.wait_until(lambda: any(
+        web_ip in endpoint.addresses and endpoint.conditions.ready
+        for s in discovery.list_namespaced_endpoint_slice(
+            namespace, label_selector="kubernetes.io/service-name=web").items
+        for endpoint in s.endpoints or []), 60, "web's EndpointSlice ready")
 
     for node in nodes:  # the same node as the backend and the other one
         name = f"client-{node.name}"
