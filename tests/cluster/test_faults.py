@@ -110,8 +110,17 @@ class Fleet:
             processes.wait_until(lambda: all(done(s) for s in self.stacks()), timeout,
                                  f"every Stack Ready with {revision}", interval=1)
         except processes.ProcessError:
-            raise AssertionError(json.dumps({s["metadata"]["name"]: s.get("status") for s in self.stacks()},
-                                            indent=1)) from None
+            raise AssertionError(self.describe()) from None
+
+    def describe(self) -> str:
+        """What a failed check shows: each Stack's status and Events, and the leader's last log lines."""
+        events = [(e.involved_object.name, e.type, e.reason, e.message) for e in self.stack_events()]
+        try:
+            log = self.core.read_namespaced_pod_log(self.leader(), OPERATOR_NAMESPACE, tail_lines=80)
+        except client.ApiException as error:
+            log = f"(no leader's log: {error.reason})"
+        return (json.dumps({s["metadata"]["name"]: s.get("status") for s in self.stacks()}, indent=1)
+                + "\nEvents:\n" + "\n".join(map(str, events)) + f"\nthe leader's log:\n{log}")
 
     def stack_events(self, reason: str | None = None, since: float = 0) -> list[client.CoreV1Event]:
         after = datetime.datetime.fromtimestamp(int(since), datetime.UTC)
@@ -122,8 +131,8 @@ class Fleet:
 
     def assert_each_stack_ran_once_and_left_no_lock(self, since: float) -> None:
         runs = self.runs_since(since)
-        assert sorted(runs) == sorted(STACKS), runs
-        assert all(results.count("succeeded") == 1 for results in runs.values()), runs
+        assert sorted(runs) == sorted(STACKS), f"{runs}\n{self.describe()}"
+        assert all(results.count("succeeded") == 1 for results in runs.values()), f"{runs}\n{self.describe()}"
         assert self.locks() == []
 
 
@@ -234,11 +243,14 @@ def test_the_object_store_stopped_for_30_s_mid_update_is_said_while_it_lasts_and
                            and address in c.get("message", "")
                            for c in (s.get("status") or {}).get("conditions") or []) for s in fleet.stacks())
 
-        processes.wait_until(every_stack_says_so, OUTAGE_SECONDS - 5, "Reconciling/BackendUnreachable on every Stack",
-                             interval=0.5)
+        try:
+            processes.wait_until(every_stack_says_so, OUTAGE_SECONDS - 5,
+                                 "Reconciling/BackendUnreachable on every Stack", interval=0.5)
+        except processes.ProcessError as error:
+            raise AssertionError(f"{error}: {fleet.describe()}") from None
         warnings = fleet.stack_events("BackendUnreachable", since=changed)
-        assert {e.involved_object.name for e in warnings} == set(STACKS), warnings
-        assert all(e.type == "Warning" and address in e.message for e in warnings), warnings
+        assert {e.involved_object.name for e in warnings} == set(STACKS), fleet.describe()
+        assert all(e.type == "Warning" and address in e.message for e in warnings), fleet.describe()
         time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - stopped)))
     finally:
         fleet.platform.up(say=print)
