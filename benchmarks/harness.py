@@ -64,6 +64,7 @@ class Bench:
     scratch: Path
     namespace: str = NAMESPACE
     workspace_template: dict[str, Any] | None = None  # the pod executor's (None: the process executor)
+    workspace_reclaim_policy: str = ""  # the pod executor's Stacks' spec.workspaceReclaimPolicy ("": Retain)
 
     @property
     def custom(self) -> client.CustomObjectsApi:
@@ -92,6 +93,8 @@ class Bench:
                                                                                        "key": "passphrase"}}}}
         if self.workspace_template is not None:
             spec["workspaceTemplate"] = self.workspace_template
+            if self.workspace_reclaim_policy:
+                spec["workspaceReclaimPolicy"] = self.workspace_reclaim_policy
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "stacks", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Stack", "metadata": {"name": name, "labels": labels or {}},
             "spec": spec})
