@@ -22,6 +22,7 @@ import yaml
 from typing_extensions import NotRequired
 
 from .flux_tenancy import CLUSTER_SYNC_SERVICE_ACCOUNT, LOCKDOWN_FLAGS
+from .kube_objects import SERVICE_OF_AN_AWAITED_DEPLOYMENT
 
 DEFAULT_COMPONENTS = ("source-controller", "kustomize-controller", "helm-controller", "notification-controller")
 VERSION_PATTERN = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
@@ -208,6 +209,9 @@ def build_flux_manifests(content: str, host_controllers: Sequence[str] = (), mul
                 for namespace, labels in host_pods):
             host_services.append(document["metadata"]["name"])
         else:
+            if document.get("kind") == "Service":  # its controller's Deployment is in the same group, awaited
+                annotations = document["metadata"].setdefault("annotations", {})
+                annotations.update(SERVICE_OF_AN_AWAITED_DEPLOYMENT)
             resources.append(document)
     return FluxManifests(crds=crds, resources=resources, host_run=host_run, host_services=host_services)
 

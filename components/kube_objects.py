@@ -28,6 +28,13 @@ RESOURCE_CLASSES: dict[tuple[str, str], type[pulumi.CustomResource]] = {
 }
 
 
+# pulumi-kubernetes waits for a new Service's endpoints and then sleeps 10 s after every change to them
+# ("to settle"): 10 s or more on every Service. Where the Deployment whose pods the Service selects is
+# awaited anyway (its rollout: those pods Ready), that sleep proves nothing more, so such a Service waits
+# only for its cluster IP (the provider's `pulumi.com/waitFor` replaces its own wait).
+SERVICE_OF_AN_AWAITED_DEPLOYMENT = {"pulumi.com/waitFor": "jsonpath={.spec.clusterIP}"}
+
+
 def _snake(key: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 

@@ -24,7 +24,8 @@ from strata_operator.api.sharding import MAIN_SELECTOR, SHARD_KEY
 from typing_extensions import NotRequired
 
 from .cluster import plan_change
-from .kube_objects import build_token_secret, create_object, object_key, token_from_secret_data
+from .kube_objects import (SERVICE_OF_AN_AWAITED_DEPLOYMENT, build_token_secret, create_object, object_key,
+                           token_from_secret_data)
 from .kubeconfig import build_token_kubeconfig
 
 # The operator's API room: its CRDs (crds/*.yaml) and RBAC (rbac/*.yaml) are package data there.
@@ -309,7 +310,8 @@ def build_operator_metrics_service(namespace: str, metrics_port: int = DEFAULT_M
     name, pod_labels = shard_identity(shard)
     return {
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": f"{name}-metrics", "namespace": namespace, "labels": pod_labels},
+        "metadata": {"name": f"{name}-metrics", "namespace": namespace, "labels": pod_labels,
+                     "annotations": dict(SERVICE_OF_AN_AWAITED_DEPLOYMENT)},
         "spec": {"selector": pod_selector(pod_labels),
                  "ports": [{"name": "metrics", "port": metrics_port, "targetPort": "metrics"}]},
     }

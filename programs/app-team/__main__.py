@@ -14,6 +14,7 @@ import dataclasses
 import pulumi
 import pulumi_kubernetes as k8s
 
+from strata_components.kube_objects import SERVICE_OF_AN_AWAITED_DEPLOYMENT
 from strata_components.layers import TeamAccess, handoff_stack, list_status, read_team_access
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +53,7 @@ def main() -> None:
                                                     "ports": [{"name": "http", "containerPort": 80}]}]}}},
         opts=opts)
     service = k8s.core.v1.Service(
-        "app", metadata={"namespace": namespace, "labels": labels},
+        "app", metadata={"namespace": namespace, "labels": labels, "annotations": SERVICE_OF_AN_AWAITED_DEPLOYMENT},
         spec={"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}, opts=opts)
 
     # The boundary, as the API server enforces it: this identity may not even list another namespace's objects.

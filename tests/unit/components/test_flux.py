@@ -114,6 +114,10 @@ def test_build_flux_manifests_keeps_every_document_exactly_once():
     # Without host controllers every Service stays (in-cluster controllers back them).
     everything = build_flux_manifests(FLUX_INSTALL)
     assert ("Service", "source-controller") in [(o["kind"], o["metadata"]["name"]) for o in everything.resources]
+    # Their Deployments' rollouts are awaited; the Services wait for their IPs only, not the provider's 10 s settle.
+    services = [o for o in everything.resources if o["kind"] == "Service"]
+    assert services and all(o["metadata"]["annotations"]["pulumi.com/waitFor"] == "jsonpath={.spec.clusterIP}"
+                            for o in services)
     assert everything.host_services == []
     with pytest.raises(ValueError, match="no CustomResourceDefinitions"):
         build_flux_manifests("apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n")

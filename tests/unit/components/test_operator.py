@@ -193,6 +193,8 @@ def test_shards_are_deployments_of_their_own_splitting_every_object_between_them
         # Each Deployment selects its own pods only, and its metrics Service the same pods.
         match = deployment["spec"]["selector"]["matchLabels"]
         assert services[f"{name}-metrics"]["spec"]["selector"] == match
+        assert services[f"{name}-metrics"]["metadata"]["annotations"] == {
+            "pulumi.com/waitFor": "jsonpath={.spec.clusterIP}"}  # the Deployment's rollout is awaited
         for other in deployments.values():
             pod_labels = other["spec"]["template"]["metadata"]["labels"]
             assert (match.items() <= pod_labels.items()) is (other is deployment)

@@ -313,6 +313,9 @@ def test_app_team_layer_deploys_with_the_team_kubeconfig_only(api_answers):
     for resource in (deployment, service):
         assert harness.provider_urn(resource.provider) == provider.urn
         assert resource.inputs["metadata"]["namespace"] == "team-alpha"
+    # The Deployment's rollout is awaited; the Service waits for its IP only (not the provider's 10 s settle).
+    assert service.inputs["metadata"]["annotations"] == {"pulumi.com/waitFor": "jsonpath={.spec.clusterIP}"}
+    assert service.inputs["spec"]["selector"] == deployment.inputs["spec"]["selector"]["matchLabels"]
     assert out["namespace"].value == "team-alpha"
     # The boundary probe runs as the team (its token), and its answer is plain, not secret.
     assert api_answers == [("alpha-token", "default")]
