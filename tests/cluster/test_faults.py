@@ -186,11 +186,9 @@ def fleet(platform: LocalPlatform, kube_client, python_image: str) -> Iterator[F
             processes.wait_until(lambda: namespace not in {n.metadata.name for n in core.list_namespace().items},
                                  300, f"namespace {namespace} gone")
         except processes.ProcessError:
-            left = {s["metadata"]["name"]: (s["metadata"].get("finalizers"), s.get("status"))
-                    for s in fleet.stacks()}
-            logs = core.read_namespaced_pod_log(fleet.leader(), OPERATOR_NAMESPACE, tail_lines=60)
-            raise AssertionError(f"{core.read_namespace(namespace).status}\n{json.dumps(left, indent=1)}\n"
-                                 f"the leader's log:\n{logs}") from None
+            finalizers = {s["metadata"]["name"]: s["metadata"].get("finalizers") for s in fleet.stacks()}
+            raise AssertionError(f"{core.read_namespace(namespace).status}\nfinalizers: {finalizers}\n"
+                                 f"{fleet.describe()}") from None
         client.AppsV1Api(kube_client).delete_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE,
                                                                    propagation_policy="Foreground")
         processes.wait_until(lambda: not core.list_namespaced_pod(OPERATOR_NAMESPACE,
