@@ -325,6 +325,10 @@ def test_the_node_restarted_mid_update_is_reported_and_the_stack_converges(teams
     namespace = teams["alpha"]["namespace"]
     marker = _start_slow_update(custom, namespace, "alpha")
     before = _interruptions(core, namespace)
+    # Mid-update means the engine in the pod holds the stack's lock: a reboot before the operator hands the run
+    # to the pod interrupts nothing (the run is retried as "does not answer", rightly not reported as lost).
+    processes.wait_until(lambda: list((teams["alpha"]["state"] / ".pulumi" / "locks").rglob("*.json")), 120,
+                         "the update running in the workspace pod (its lock in the backend)", interval=0.1)
     # A reboot: the node's kubelet and containerd stop, everything in its pods dies, then both start again.
     kubelet, containerd = realnode.kubelet_process(node, toolchain.bin("kubelet")), realnode.containerd_process(node)
     platform.stop_controller(kubelet.name)
