@@ -56,19 +56,32 @@ def build_exec_kubeconfig(*, cluster: str, server: str, ca_data: str, command: s
     return _document(cluster, server, ca_data, cluster, {"exec": plugin}, namespace)
 
 
-def kubeconfig_cluster(kubeconfig: str) -> tuple[str, str]:
-    """(server URL, base64 CA data) of the current context's cluster of a kubeconfig document."""
+def _current_context(kubeconfig: str) -> tuple[dict, dict]:
+    """(cluster, user) entries of a kubeconfig document's current context."""
     try:
         config = yaml.safe_load(kubeconfig)
         current = config.get("current-context")
         contexts = {item["name"]: item["context"] for item in config.get("contexts") or []}
         clusters = {item["name"]: item["cluster"] for item in config.get("clusters") or []}
-        cluster = clusters[contexts[current]["cluster"]] if current else next(iter(clusters.values()))
+        users = {item["name"]: item.get("user") or {} for item in config.get("users") or []}
+        if current:
+            return clusters[contexts[current]["cluster"]], users.get(contexts[current].get("user"), {})
+        return next(iter(clusters.values())), next(iter(users.values()), {})
     except (yaml.YAMLError, AttributeError, KeyError, StopIteration, TypeError):
         raise ValueError("the kubeconfig has no usable current-context cluster "
                          "(expected clusters[].cluster.server and a current-context naming it)") from None
+
+
+def kubeconfig_cluster(kubeconfig: str) -> tuple[str, str]:
+    """(server URL, base64 CA data) of the current context's cluster of a kubeconfig document."""
+    cluster, _ = _current_context(kubeconfig)
     ca_data = cluster.get("certificate-authority-data")
     if ca_data is None and cluster.get("certificate-authority"):
         with open(cluster["certificate-authority"], "rb") as handle:
             ca_data = base64.b64encode(handle.read()).decode()
     return cluster["server"], ca_data or ""
+
+
+def kubeconfig_user(kubeconfig: str) -> dict:
+    """The credentials (`users[].user`) of a kubeconfig document's current context."""
+    return _current_context(kubeconfig)[1]

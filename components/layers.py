@@ -9,12 +9,19 @@ app stack, and nothing else.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import hmac
+import http.client
+import ssl
+import tempfile
 import urllib.parse
+from pathlib import Path
 
 import pulumi
+
+from .kubeconfig import kubeconfig_cluster, kubeconfig_user
 
 # The Secret holding the state passphrase of the Stacks in its namespace: the shared one in the
 # platform's namespace, the team's own in a team's namespace.
@@ -103,15 +110,30 @@ def read_team_access(team_handoff_stack: str, opts: pulumi.ResourceOptions | Non
 
 def list_status(kubeconfig: str, namespace: str) -> str:
     """What the API server answers this kubeconfig's identity when it lists ConfigMaps in `namespace`:
-    "200 OK", or the refusal's status and reason (e.g. "403 Forbidden"). How a layer proves its boundary."""
-    import yaml
-    from kubernetes import client, config
+    "200 OK", or the refusal's status and reason (e.g. "403 Forbidden"). How a layer proves its boundary.
 
-    api = config.new_client_from_config_dict(yaml.safe_load(kubeconfig))
+    One request by the standard library: the layers' environments carry no Kubernetes client (most of
+    their size, copied for every Stack). A token or client-certificate kubeconfig, as the hand-offs write."""
+    server, ca_data = kubeconfig_cluster(kubeconfig)
+    credentials = kubeconfig_user(kubeconfig)
+    unsupported = sorted(set(credentials) - {"token", "client-certificate-data", "client-key-data"})
+    if unsupported:
+        raise ValueError(f"list_status reads a kubeconfig whose user has a token or client-certificate-data and "
+                         f"client-key-data; this one has {', '.join(unsupported)}: pass a hand-off's kubeconfig")
+    tls = ssl.create_default_context(cadata=base64.b64decode(ca_data).decode() if ca_data else None)
+    with tempfile.TemporaryDirectory(prefix="strata-list-status-") as keys:
+        if "client-certificate-data" in credentials:  # ssl loads a client certificate from files only
+            certificate, key = Path(keys, "client.crt"), Path(keys, "client.key")
+            certificate.write_bytes(base64.b64decode(credentials["client-certificate-data"]))
+            key.write_bytes(base64.b64decode(credentials["client-key-data"]))
+            tls.load_cert_chain(certificate, key)
+    url = urllib.parse.urlsplit(server)
+    headers = {"Authorization": f"Bearer {credentials['token']}"} if "token" in credentials else {}
+    connection = http.client.HTTPSConnection(url.hostname, url.port or 443, context=tls, timeout=30)
     try:
-        client.CoreV1Api(api).list_namespaced_config_map(namespace, limit=1)
-        return "200 OK"
-    except client.ApiException as error:
-        return f"{error.status} {error.reason}"
+        connection.request("GET", f"{url.path.rstrip('/')}/api/v1/namespaces/{urllib.parse.quote(namespace)}"
+                                  "/configmaps?limit=1", headers=headers)
+        response = connection.getresponse()
+        return f"{response.status} {response.reason}"
     finally:
-        api.close()
+        connection.close()

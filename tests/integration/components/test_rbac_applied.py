@@ -15,6 +15,7 @@ from kubernetes import client
 
 from strata_components.kube_objects import token_from_secret_data
 from strata_components.kubeconfig import build_token_kubeconfig
+from strata_components.layers import list_status
 from strata_components.local import processes
 from strata_components.local.kube import api_client, server_side_apply, write_private
 from strata_components.operator import build_operator_objects, load_packaged_manifests
@@ -196,3 +197,13 @@ def test_the_operator_can_do_nothing_more(applied):
     assert not can(kubeconfig, "create", "pods", team, subresource="exec")
     assert not can(kubeconfig, "patch", "gitrepositories", team, group="source.toolkit.fluxcd.io")
     assert not can(kubeconfig, "delete", "customresourcedefinitions", group="apiextensions.k8s.io")
+
+
+def test_list_status_says_what_the_apiserver_answers_each_identity(applied, local_platform):
+    """The app layer's boundary proof (layers.list_status, the standard library's HTTPS): a team's token is
+    answered 200 in its namespace and 403 outside it; the admin's client certificate, 200 anywhere."""
+    alpha = applied["alpha_kubeconfig"].read_text()
+    assert list_status(alpha, applied["alpha"]["namespace"]) == "200 OK"
+    assert list_status(alpha, applied["beta"]["namespace"]) == "403 Forbidden"
+    assert list_status(alpha, OPERATOR_NAMESPACE) == "403 Forbidden"
+    assert list_status(local_platform.kubeconfig_path.read_text(), applied["beta"]["namespace"]) == "200 OK"

@@ -6,7 +6,9 @@ import pytest
 import yaml
 
 from strata_components.kubeconfig import (build_client_certificate_kubeconfig, build_token_kubeconfig,
-                                          kubeconfig_cluster, pem_data)
+                                          build_exec_kubeconfig, kubeconfig_cluster, kubeconfig_user,
+                                          pem_data)
+from strata_components.layers import list_status
 
 
 def test_token_kubeconfig_carries_only_the_token():
@@ -18,6 +20,7 @@ def test_token_kubeconfig_carries_only_the_token():
     assert config["current-context"] == "strata"
     assert kubeconfig_cluster(text) == ("https://127.0.0.1:1", pem_data("CA"))
     assert base64.b64decode(kubeconfig_cluster(text)[1]) == b"CA"
+    assert kubeconfig_user(text) == {"token": "tok"}
 
 
 def test_an_empty_token_is_refused():
@@ -38,3 +41,10 @@ def test_certificate_kubeconfig_embeds_the_pair():
 def test_a_kubeconfig_without_a_usable_cluster_is_named():
     with pytest.raises(ValueError, match="no usable current-context cluster"):
         kubeconfig_cluster("apiVersion: v1\nkind: Config\n")
+
+
+def test_list_status_names_credentials_it_cannot_use_before_any_request():
+    text = build_exec_kubeconfig(cluster="gke", server="https://127.0.0.1:1", ca_data="", command="gke-gcloud-auth-plugin",
+                                 args=[])
+    with pytest.raises(ValueError, match="this one has exec: pass a hand-off's kubeconfig"):
+        list_status(text, "default")
