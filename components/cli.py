@@ -16,12 +16,18 @@ import sys
 import time
 from pathlib import Path
 
-from . import backup, stackctl
-from .local import clusterstack, devstack, toolchain
-from .local.images import ImageError
-from .local.platform import (CLUSTER_PROFILE_MIN_REAL_NODES, DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS, PROFILES,
-                             LocalPlatform, PlatformConfig, PlatformError, default_state_dir, recorded_shape)
-from .local.processes import ProcessError
+try:
+    from . import backup, stackctl
+    from .local import clusterstack, devstack, toolchain
+    from .local.images import ImageError
+    from .local.platform import (CLUSTER_PROFILE_MIN_REAL_NODES, DEFAULT_HOST_CONTROLLERS, HOST_CONTROLLERS,
+                                 PROFILES, LocalPlatform, PlatformConfig, PlatformError, default_state_dir,
+                                 recorded_shape)
+    from .local.processes import ProcessError
+except ImportError as missing_extra:
+    if missing_extra.name != "strata_components.local":
+        raise
+    raise SystemExit(f"strata: {missing_extra}") from None  # it names the extra and the fix
 
 
 def _platform(args: argparse.Namespace) -> LocalPlatform:

@@ -342,12 +342,12 @@ def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiIn
         constraints.write_text(_frozen_requirements() + "\n")
         with step("building wheels of the project and its pinned dependencies on the host", say):
             _check([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-                    "--wheel-dir", str(wheels), "-c", str(constraints), str(ROOT)],
+                    "--wheel-dir", str(wheels), "-c", str(constraints), f"{ROOT}[operator]"],
                    "pip wheel", "check that PyPI is reachable")
         with step("installing them into /opt/strata inside the image", say):
             _check(["chroot", str(rootfs), "python3", "-m", "venv", "/opt/strata"], "python3 -m venv", "rebuild")
             _check(["chroot", str(rootfs), "/opt/strata/bin/pip", "install", "--quiet", "--no-index",
-                    "--disable-pip-version-check", "--no-compile", "--find-links", "/tmp/wheels", "strata"],
+                    "--disable-pip-version-check", "--no-compile", "--find-links", "/tmp/wheels", "strata[operator]"],
                    "pip install in the image", "see the wheels built above")
         shutil.rmtree(wheels)
         _check(["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(OPERATOR_USER), "strata"],

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,17 @@ def test_console_on_a_busy_port_is_one_line_naming_the_fix(capsys, monkeypatch, 
         assert cli.main(["console", "--port", str(port)]) == 1
     error = capsys.readouterr().err
     assert f"--port {port}: cannot listen" in error and "0 for a free one" in error
+
+
+def test_without_the_operator_extra_the_command_names_it_and_the_library_still_imports():
+    """`pip install strata` is the component library; the command says which extra it lacks, in one line."""
+    blocked = "import sys; sys.modules['cryptography'] = sys.modules['kopf'] = None; "
+    command = subprocess.run([sys.executable, "-c", blocked + "from strata_components import cli"],
+                             capture_output=True, text=True, check=False)
+    assert command.returncode == 1
+    assert command.stderr.strip() == ("strata: the local platform and the `strata` command need the operator extra "
+                                      "(kopf, cryptography not installed); fix: pip install 'strata[operator]' (this "
+                                      "installation has the component library only)")
+    library = subprocess.run([sys.executable, "-c", blocked + "import strata_components.layers, strata_components.team"],
+                             capture_output=True, text=True, check=False)
+    assert library.returncode == 0, library.stderr
