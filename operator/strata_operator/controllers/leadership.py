@@ -437,7 +437,9 @@ async def release_leadership(memo: kopf.Memo, **_: Any) -> None:
             await elector.renewer
     killed = kill_workers()  # a worker Kopf's shutdown left running must not overlap the next leader's
     if killed:
-        logger.info("stopped %d worker process(es) left at shutdown before handing over", killed)
+        # The engine's idle fork server is one of them: most shutdowns count 1 with no update running.
+        logger.info("stopped %d process(es) below the operator (the engine's fork server, update workers left "
+                    "running) before handing over", killed)
     elector.leading = False
     try:
         released = await asyncio.wait_for(elector.release(), timeout=5)
