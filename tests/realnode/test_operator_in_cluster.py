@@ -8,6 +8,7 @@ import base64
 import time
 import urllib.request
 import uuid
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -76,8 +77,36 @@ def deployed(platform, kube_client, operator_image) -> Iterator[dict]:
                                                                propagation_policy="Foreground")
     # Gone, not only deleted: a replica still terminating handles every namespace's Stacks, and the next
     # module's operator must be the only one (a clean-clone run saw this one stall the pod executor's Stack).
-    processes.wait_until(lambda: not core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items,
-                         180, "the in-cluster operator's pods gone")
+    deleted = time.monotonic()
+
+    def gone() -> bool:
+        return not core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items
+
+    try:
+        processes.wait_until(gone, 180, "the in-cluster operator's pods gone")
+    except processes.ProcessError as error:
+        # Seen once in a clean-clone run, never reproduced (1-6 s otherwise): say what the pods were doing,
+        # loudly, then make sure they are gone; cleaning up is this teardown's job, not a test of its own.
+        warnings.warn(f"{error}; force-deleted: {_describe_pods(core)}", stacklevel=1)
+        for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items:
+            core.delete_namespaced_pod(pod.metadata.name, OPERATOR_NAMESPACE, grace_period_seconds=0)
+        processes.wait_until(gone, 60, "the in-cluster operator's pods gone, force-deleted")
+    print(f"operator pods gone {time.monotonic() - deleted:.1f}s after the Deployment's deletion")
+
+
+def _describe_pods(core: client.CoreV1Api) -> str:
+    """Each operator pod still there: its phase, deletion, containers' states and log tail, and Events."""
+    described = []
+    for pod in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items:
+        try:
+            log = core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE, tail_lines=40)
+        except client.ApiException as error:
+            log = f"(no log: {error.status} {error.reason})"
+        events = core.list_namespaced_event(OPERATOR_NAMESPACE, field_selector=f"involvedObject.name={pod.metadata.name}")
+        described.append(f"\n--- {pod.metadata.name}: {pod.status.phase}, deleted {pod.metadata.deletion_timestamp}, "
+                         f"containers {pod.status.container_statuses}\nEvents: {[e.message for e in events.items]}"
+                         f"\nlog:\n{log}")
+    return "".join(described)
 
 
 def test_two_replicas_ready_with_probes_answering_and_one_leader(deployed, kube_client):
