@@ -121,8 +121,8 @@ def list_status(kubeconfig: str, namespace: str) -> str:
         raise ValueError(f"list_status reads a kubeconfig whose user has a token or client-certificate-data and "
                          f"client-key-data; this one has {', '.join(unsupported)}: pass a hand-off's kubeconfig")
     tls = ssl.create_default_context(cadata=base64.b64decode(ca_data).decode() if ca_data else None)
-    with tempfile.TemporaryDirectory(prefix="strata-list-status-") as keys:
-        if "client-certificate-data" in credentials:  # ssl loads a client certificate from files only
+    if "client-certificate-data" in credentials:  # ssl loads a client certificate from files only
+        with tempfile.TemporaryDirectory(prefix="strata-list-status-") as keys:
             certificate, key = Path(keys, "client.crt"), Path(keys, "client.key")
             certificate.write_bytes(base64.b64decode(credentials["client-certificate-data"]))
             key.write_bytes(base64.b64decode(credentials["client-key-data"]))

@@ -288,7 +288,7 @@ def test_a_workspace_pod_deleted_mid_update_is_reported_and_the_stack_converges(
     assert interrupted, [e.message for e in events]
     assert stack["status"]["lastUpdate"]["state"] == "succeeded"
     # No lock is left behind in the team's backend.
-    assert not list((teams["alpha"]["state"] / ".pulumi" / "locks").rglob("*.json"))
+    assert not _locks(teams["alpha"]["state"])
 
 
 def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_its_successor_records_it(teams, kube_client):
@@ -298,8 +298,7 @@ def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_its_succ
     run = custom.get_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "app")["status"]["currentUpdate"]
     # Mid-update: the engine in the pod holds the stack's lock. currentUpdate alone is written before the
     # operator hands the run to the pod, and a run killed before that is rightly run again, under a new name.
-    processes.wait_until(lambda: list((teams["beta"]["state"] / ".pulumi" / "locks").rglob("*.json")), 120,
-                         "the update running in the workspace pod (its lock in the backend)", interval=0.1)
+    _wait_running_in_pod(teams["beta"]["state"])
     pid = host.pid()
     for victim in [pid, *processes.descendants(pid)]:
         with contextlib.suppress(ProcessLookupError):
@@ -316,7 +315,7 @@ def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_its_succ
     events = client.CoreV1Api(kube_client).list_namespaced_event(namespace, field_selector="involvedObject.name=app")
     assert not any("was interrupted (operator restart)" in (e.message or "") for e in events.items), \
         [e.message for e in events.items]
-    assert not list((teams["beta"]["state"] / ".pulumi" / "locks").rglob("*.json"))
+    assert not _locks(teams["beta"]["state"])
 
 
 def test_the_node_restarted_mid_update_is_reported_and_the_stack_converges(teams, kube_client, platform, node,
@@ -325,10 +324,9 @@ def test_the_node_restarted_mid_update_is_reported_and_the_stack_converges(teams
     namespace = teams["alpha"]["namespace"]
     marker = _start_slow_update(custom, namespace, "alpha")
     before = _interruptions(core, namespace)
-    # Mid-update means the engine in the pod holds the stack's lock: a reboot before the operator hands the run
-    # to the pod interrupts nothing (the run is retried as "does not answer", rightly not reported as lost).
-    processes.wait_until(lambda: list((teams["alpha"]["state"] / ".pulumi" / "locks").rglob("*.json")), 120,
-                         "the update running in the workspace pod (its lock in the backend)", interval=0.1)
+    # A reboot before the operator hands the run to the pod interrupts nothing: the run is retried as "does not
+    # answer", rightly not reported as lost.
+    _wait_running_in_pod(teams["alpha"]["state"])
     # A reboot: the node's kubelet and containerd stop, everything in its pods dies, then both start again.
     kubelet, containerd = realnode.kubelet_process(node, toolchain.bin("kubelet")), realnode.containerd_process(node)
     platform.stop_controller(kubelet.name)
@@ -341,7 +339,19 @@ def test_the_node_restarted_mid_update_is_reported_and_the_stack_converges(teams
                   "alpha Ready with the new revision after its node restarted", timeout=400)
     assert stack["status"]["lastUpdate"]["state"] == "succeeded"
     assert _interruptions(core, namespace) > before, [e.message for e in core.list_namespaced_event(namespace).items]
-    assert not list((teams["alpha"]["state"] / ".pulumi" / "locks").rglob("*.json"))
+    assert not _locks(teams["alpha"]["state"])
+
+
+def _locks(state: Path) -> list[Path]:
+    """The lock files in a `file://` backend: one while an update holds its stack."""
+    return list((state / ".pulumi" / "locks").rglob("*.json"))
+
+
+def _wait_running_in_pod(state: Path) -> None:
+    """Mid-update: the engine in the workspace pod holds the stack's lock. currentUpdate alone is written
+    before the operator hands the run to the pod."""
+    processes.wait_until(lambda: _locks(state), 120, "the update running in the workspace pod (its lock in the "
+                         "backend)", interval=0.1)
 
 
 def _interruptions(core: client.CoreV1Api, namespace: str) -> int:
@@ -565,7 +575,7 @@ def test_an_update_that_runs_out_of_memory_says_so_and_converges_once_fixed(team
     stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("content"),
                   "the fixed Stack Ready", name="reader")
     assert stack["status"]["outputs"]["content"].strip() == "reader-workspace"  # the pod's hostname
-    assert not list((teams["beta"]["state"] / "reader" / ".pulumi" / "locks").rglob("*.json"))
+    assert not _locks(teams["beta"]["state"] / "reader")
 
 
 def test_a_stack_deleted_in_the_foreground_is_destroyed_at_the_first_try_and_leaves_nothing(teams, kube_client):
@@ -596,7 +606,7 @@ def test_a_stack_deleted_in_the_foreground_is_destroyed_at_the_first_try_and_lea
     assert not warnings, warnings
     # Destroyed and removed from its backend (`stack rm` refuses a stack that still has resources).
     assert not list(state.rglob("doomed.json"))
-    assert not list((state / ".pulumi" / "locks").rglob("*.json"))
+    assert not _locks(state)
     leftovers = lambda: [o.metadata.name for o in (  # noqa: E731
         *core.list_namespaced_pod(namespace).items, *core.list_namespaced_secret(namespace).items,
         *core.list_namespaced_service_account(namespace).items) if o.metadata.name.startswith("doomed-workspace")]
