@@ -40,7 +40,9 @@ operator_config = operator_args(config.get_object("operator") or {}, cluster.pro
                                 # The interpreter running this program is the project's virtualenv; the
                                 # operator's updates use the Pulumi CLI, Python host and plugins running it.
                                 command=[sys.executable, "-m", "strata_operator", *operator_engine_flags()])
-operator = Operator("operator", operator_config, pulumi.ResourceOptions(depends_on=[flux]))
+# The operator waits for Flux's CRDs only (it watches Flux sources): its identity, and the platform Stack
+# after it, are created while Flux's controllers still come up.
+operator = Operator("operator", operator_config, start_after=[flux.crds])
 
 # What the sync must outlive: it comes down first, so the Stacks Flux synced are destroyed by the
 # operator while the operator and the team environments they run in are still there.

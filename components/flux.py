@@ -247,6 +247,9 @@ class Flux(pulumi.ComponentResource):
         if "sync" in args:
             FluxSync(f"{name}-sync", {**args["sync"], "provider": args["provider"], "namespace": namespace},
                      pulumi.ResourceOptions(parent=self, depends_on=[controllers]))
+        # Not an output (a resource, for Python programs): the CRDs alone, what a watcher of Flux's objects
+        # (the operator's `start_after`) needs before it starts, long before the controllers are up.
+        self.crds = crds
         self.namespace = pulumi.Output.from_input(namespace)
         self.version = pulumi.Output.from_input(args["version"])
         self.host_run = manifests.apply(lambda m: m.host_run)

@@ -445,7 +445,12 @@ class Operator(pulumi.ComponentResource):
     kubeconfig: pulumi.Output[str] | None
     """Local mode: the operator's ServiceAccount kubeconfig (secret); None in-cluster."""
 
-    def __init__(self, name: str, args: OperatorArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, args: OperatorArgs, opts: pulumi.ResourceOptions | None = None, *,
+                 start_after: Sequence[pulumi.Resource] = ()):
+        """`start_after`: what the operator's process (local mode) or Deployments wait for beside its own
+        CRDs and identity, such as the CRDs of the Flux sources it watches (`Flux.crds`); its other objects
+        are created meanwhile. Python programs only (a resource is no package input): elsewhere use
+        `depends_on` on the whole component."""
         super().__init__("strata:index:Operator", name, {}, opts)
         if args["mode"] == "local" and "local" not in args:
             raise ValueError("operator mode local needs `local` settings (state_dir, server, command)")
@@ -457,7 +462,7 @@ class Operator(pulumi.ComponentResource):
             after = list(created.values()) if manifest["kind"] in ("Deployment", "Secret") else \
                 [created[key] for key in created if key.startswith(("namespace-", "serviceaccount-"))]
             if manifest["kind"] == "Deployment":
-                after += crds
+                after += [*crds, *start_after]
             created[object_key(manifest)] = create_object(
                 f"{name}-{object_key(manifest)}", manifest,
                 pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=after)))
@@ -487,7 +492,7 @@ class Operator(pulumi.ComponentResource):
                             requested_ports={"metrics_port": args.get("metrics_port"),
                                              "health_port": args.get("health_port")},
                             env=args.get("env", {}), kubeconfig=self.kubeconfig,
-                            opts=pulumi.ResourceOptions(parent=self, depends_on=[*crds, *created.values()]))
+                            opts=pulumi.ResourceOptions(parent=self, depends_on=[*crds, *created.values(), *start_after]))
         self.namespace = pulumi.Output.from_input(namespace)
         self.service_account = pulumi.Output.from_input(service_account)
         outputs: dict[str, Any] = {"namespace": self.namespace, "service_account": self.service_account}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 import yaml
@@ -229,7 +230,9 @@ def test_shards_need_in_cluster_mode():
 def test_in_cluster_operator_graph(harness):
     def program():
         provider = k8s.Provider("k8s", kubeconfig="apiVersion: v1\nkind: Config\n")
-        operator = Operator("operator", {"provider": provider, "mode": "in-cluster", "image": "registry/strata:1"})
+        watched = k8s.core.v1.ConfigMap("watched-crds", opts=pulumi.ResourceOptions(provider=provider))
+        operator = Operator("operator", {"provider": provider, "mode": "in-cluster", "image": "registry/strata:1"},
+                            start_after=[watched])
         return {"namespace": operator.namespace}
 
     out = harness.run(program)
@@ -249,6 +252,10 @@ def test_in_cluster_operator_graph(harness):
     assert binding.urn in deployment.dependencies and namespace.urn in service.dependencies
     # The Lease grant exists before the operator starts, in a namespace that exists by then.
     assert lease_binding.urn in deployment.dependencies and namespace.urn in lease_role.dependencies
+    # `start_after` (e.g. Flux's CRDs) holds back the operator's start alone, not its identity.
+    watched = harness.one("kubernetes:core/v1:ConfigMap", "watched-crds")
+    assert watched.urn in deployment.dependencies
+    assert not any(watched.urn in child.dependencies for child in [binding, lease_role, lease_binding, namespace, service])
     assert not harness.all("pulumi-python:dynamic:Resource")
 
 

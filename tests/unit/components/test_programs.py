@@ -56,8 +56,13 @@ def test_bootstrap_dev_stack_composes_cluster_flux_operator_and_platform_stack(m
     operator = harness.one("strata:index:Operator")
     platform = harness.one("pulumi-python:dynamic:Resource", "strata-platform")
     assert platform.inputs["host_controllers"] == ["source-controller", "kustomize-controller"]
-    # depends_on a component waits for its children: the operator comes after Flux's CRDs and install.
-    assert {r.urn for r in harness.children(flux)} <= set(operator.dependencies)
+    # The operator's process starts once Flux's CRDs exist (it watches Flux sources); the operator itself
+    # and its identity do not wait for Flux's install, which comes up meanwhile.
+    crds = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-crds")
+    assert crds.parent == flux.urn and not {r.urn for r in harness.children(flux)} & set(operator.dependencies)
+    assert crds.urn in harness.one("pulumi-python:dynamic:Resource", "operator-process").dependencies
+    identity = [r for r in harness.children(operator) if r.type.startswith("kubernetes:")]
+    assert identity and not any(crds.urn in r.dependencies for r in identity)
     provider = harness.one("pulumi:providers:kubernetes")
     assert provider.parent == cluster.urn
     install = harness.one("kubernetes:yaml/v2:ConfigGroup", "flux-install")
