@@ -9,7 +9,11 @@ p50/p95, peak RSS of the operator process and of all its children (workers and p
 operator process's CPU seconds during the fill and during the idle window, and, while idle for --idle
 seconds after that, engine runs (must be 0) and the writes the operator makes to Stacks, counted from a
 watch (every write is one MODIFIED event; a changed status is a status patch), per minute (must be 0,
-or at least flat). The CPU is utime+stime of the operator process itself from /proc/<pid>/stat: its
+or at least flat). With the process executor the same run first measures the floor: the same N first
+updates as bare `pulumi stack init` + `pulumi up` CLI runs (the CLI, PATH and PULUMI_HOME plugins the
+operator's workers get, each in a project directory of its own on fresh file:// backends spread like
+--backends), as many at once as the operator's concurrency, timed to all done; the operator's all-Ready
+time over it is the floor ratio (issue #30's goal: at most 1.15; --no-floor skips it). The CPU is utime+stime of the operator process itself from /proc/<pid>/stat: its
 workers and pulumi CLIs are children of its fork server, reaped there rather than by the operator, so
 their CPU is not in the operator's cutime/cstime and is not counted. With --json, the figures and the raw series (every latency, memory
 sampled every half second) go to that file for benchmarks/charts.py. The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
@@ -24,15 +28,89 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubernetes import client
 
-from harness import (GROUP, NAMESPACE, VERSION, StackWatch, cpu_seconds, is_ready, platform_with_operator, process_operator_beside,
-                     pss_tree_mb, rss_tree_mb, stash_program, workspace_agents)
+from harness import (GROUP, NAMESPACE, PASSPHRASE, VERSION, StackWatch, cpu_seconds, is_ready, platform_with_operator,
+                     process_operator_beside, pss_tree_mb, rss_tree_mb, stash_program, workspace_agents)
+from strata_operator.api.program import program_project
+from strata_operator.engine.process.executor import DEFAULT_CONCURRENCY, NETWORK_SETTINGS, EngineSettings
+from strata_operator.engine.process.plugins import cached_plugins, default_plugin_cache, link_plugins
+
+
+def operator_cli(argv: list[str]) -> tuple[str, tuple[str, ...]]:
+    """The pulumi CLI and the --plugin-dir directories the operator was started with (operator_host's argv)."""
+    pulumi = argv[argv.index("--pulumi") + 1]
+    return pulumi, tuple(argv[i + 1] for i, arg in enumerate(argv) if arg == "--plugin-dir")
+
+
+def floor_run(bench, program: dict, stacks: int, backends: int, concurrency: int) -> dict:
+    """The floor: the fleet's N first updates as bare CLI runs, `concurrency` at once, timed to all done.
+
+    Each is what the operator's worker runs for a YAML Program's first update (engine/process/worker.py:
+    `pulumi stack init`, the config written into the stack file (none here), then one `pulumi up --yes
+    --skip-preview`, no preview, no refresh), in a project directory of its own holding the Pulumi.yaml
+    the operator renders from the Program, with the environment a worker gets (executor.worker_env: its
+    own HOME and PULUMI_HOME, the PATH of the CLI and the language hosts, the passphrase) and the operator's
+    plugins linked into that PULUMI_HOME as the worker links them. Directories and links are made before
+    the clock starts; what is timed is the two CLI runs per stack. The operator's extras (the event log,
+    the update message, a worker forked per update) are its overhead, so the floor leaves them out."""
+    pulumi, plugin_dirs = operator_cli(bench.operator.process.argv)
+    settings = EngineSettings(pulumi_command=pulumi, plugin_dirs=plugin_dirs)
+    path = settings.search_path()
+    plugins = cached_plugins(default_plugin_cache(), plugin_dirs)
+    root = bench.scratch / "floor"
+    backend_urls = []
+    for index in range(backends):
+        directory = root / "backends" / f"floor-{index}"
+        directory.mkdir(parents=True, exist_ok=True)
+        backend_urls.append(directory.as_uri())
+    project_text = program_project({"metadata": {"name": "fleet"}, "program": program})
+    jobs = []
+    for index in range(stacks):
+        name = f"s{index:04d}"
+        stack_dir = root / "stacks" / name
+        project = stack_dir / "project"
+        project.mkdir(parents=True)
+        (project / "Pulumi.yaml").write_text(project_text)
+        (stack_dir / "home").mkdir()
+        link_plugins(plugins, stack_dir / "pulumi-home" / "plugins")
+        env = {key: value for key, value in os.environ.items() if key.upper() in NETWORK_SETTINGS}
+        env.update({"PATH": path, "HOME": str(stack_dir / "home"), "PULUMI_HOME": str(stack_dir / "pulumi-home"),
+                    "PULUMI_SKIP_UPDATE_CHECK": "true", "PULUMI_SKIP_CONFIRMATIONS": "true", "LANG": "C.UTF-8",
+                    "PULUMI_BACKEND_URL": backend_urls[index % backends], "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE})
+        jobs.append((name, project, env))
+
+    def update(job: tuple[str, Path, dict]) -> tuple[float, float]:
+        name, project, env = job
+        began = time.monotonic()
+        for args in (["stack", "init", name], ["up", "--yes", "--skip-preview", "--stack", name]):
+            done = subprocess.run([pulumi, "--non-interactive", *args], cwd=project, env=env, capture_output=True,
+                                  text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"floor {name}: pulumi {' '.join(args)} exited {done.returncode}: "
+                                   f"{(done.stdout + done.stderr)[-800:]}")
+        return began, time.monotonic()
+
+    load_start = round(os.getloadavg()[0], 1)
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        spans = list(pool.map(update, jobs))
+    seconds = time.monotonic() - started
+    durations = sorted(end - began for began, end in spans)
+    print(f"floor: {stacks} first updates as bare `pulumi stack init` + `pulumi up`, {concurrency} at once: all done "
+          f"in {seconds:6.1f}s (one update p50 {percentile(durations, 0.5):5.2f}s; 1-minute load "
+          f"{load_start} at the start, {os.getloadavg()[0]:.1f} at the end)")
+    return {"floor_seconds": round(seconds, 2), "floor_concurrency": concurrency,
+            "floor_update_seconds": [round(value, 2) for value in durations],
+            "floor_finished_seconds": sorted(round(end - started, 2) for _, end in spans),
+            "load_average_1m_floor_start": load_start, "load_average_1m_floor_end": round(os.getloadavg()[0], 1)}
 
 
 def timed_update(bench, name: str) -> float:
@@ -96,10 +174,19 @@ def main() -> None:
                         help="pod: updates in a workspace pod per Stack on one real node (root, `make setup`'s Debian "
                              "packages), then the per-update overhead against the process executor in the same run")
     parser.add_argument("--rounds", type=int, default=5, help="--executor pod: updates timed per executor")
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="skip the floor (the same first updates as bare `pulumi up` runs, before the fleet; "
+                             "process executor only)")
     args = parser.parse_args()
     operator_args = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
     with platform_with_operator(operator_args, executor=args.executor) as bench:
-        bench.create_program("fleet", stash_program(args.resources))
+        program = stash_program(args.resources)
+        floor: dict = {}
+        if args.floor and args.executor == "process":
+            # Before the fleet, on the same platform with the operator started and idle, so both run on the
+            # same machine state (its 1-minute load is recorded for each).
+            floor = floor_run(bench, program, args.stacks, args.backends, args.concurrency or DEFAULT_CONCURRENCY)
+        bench.create_program("fleet", program)
         pid = bench.operator.pid()
         peak = {"operator": 0.0, "children": 0.0, "children_pss": 0.0}
         memory: list[tuple[float, float, float]] = []  # (seconds since the fleet started, operator, children) MB
@@ -121,6 +208,7 @@ def main() -> None:
         stack_watch.start()
         created: dict[str, float] = {}
         operator_cpu_before = cpu_seconds(pid)
+        load_fill_start = round(os.getloadavg()[0], 1)
         for index in range(args.stacks):
             name = f"s{index:04d}"
             bench.create_stack(name, "fleet", backends[index % len(backends)])
@@ -137,6 +225,10 @@ def main() -> None:
         operator_cpu = cpu_seconds(pid) - operator_cpu_before
         latencies = [ready_at[name] - created[name] for name in created]
         print(f"{args.stacks} Stacks all Ready in {all_ready:6.1f}s   (PKO v1.16: 50 in 80 s; goal <= 35 s)")
+        if floor:
+            floor["floor_ratio"] = round(all_ready / floor["floor_seconds"], 3)
+            print(f"floor: bare CLI runs {floor['floor_seconds']:6.1f}s, the operator's all Ready {all_ready:6.1f}s: "
+                  f"ratio {floor['floor_ratio']:.2f} (goal <= 1.15)")
         print(f"create->Ready latency  p50 {percentile(latencies, 0.5):6.1f}s   p95 {percentile(latencies, 0.95):6.1f}s")
         fill_writes = len(stack_watch.status_writes), len(stack_watch.other_writes)
         print(f"CPU of the operator process (Kopf, handlers, API calls): {operator_cpu:5.1f} s during the fill")
@@ -146,7 +238,7 @@ def main() -> None:
               f"(PSS {peak['children_pss']:6.1f} MB; PKO v1.16 children: 1250 MB RSS)")
 
         load_fill_end = round(os.getloadavg()[0], 1)
-        fill_figures = {
+        fill_figures = {**floor, "load_average_1m_fill_start": load_fill_start,
             "stacks": args.stacks, "backends": args.backends, "resources": args.resources,
             "all_ready_seconds": round(all_ready, 2), "latency_seconds": sorted(round(value, 2) for value in latencies),
             "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
