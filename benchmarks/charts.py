@@ -1,5 +1,6 @@
 """Charts of the fleet benchmark's JSON results: latency distribution, time to all Ready against the
-Stack count, memory over time. One PNG beside the results.
+Stack count (with the floor, bare `pulumi up` runs of the same updates, where a run measured it), memory
+over time. One PNG beside the results.
 
     .venv/bin/python -m pip install '.[bench]'       # matplotlib
     for n in 10 25 50; do .venv/bin/python benchmarks/fleet.py --stacks $n --idle 30 \\
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,8 +20,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def load_runs(directory: Path) -> list[dict]:
-    """Every fleet-*.json, smallest fleet first."""
-    runs = [json.loads(path.read_text()) for path in sorted(directory.glob("fleet-*.json"))]
+    """Every fleet-<N>.json (the README's 10, 25, 50; not fleet-scale-*, fleet-memory-*, fleet-pod-*), smallest
+    fleet first."""
+    runs = [json.loads(path.read_text()) for path in sorted(directory.glob("fleet-*.json"))
+            if re.fullmatch(r"fleet-\d+\.json", path.name)]
     return sorted(runs, key=lambda run: run["stacks"])
 
 
@@ -44,11 +48,19 @@ def draw(runs: list[dict], out: Path) -> None:
 
     counts = [run["stacks"] for run in runs]
     scale.plot(counts, [run["all_ready_seconds"] for run in runs], marker="o", label="Strata")
+    floors = [run for run in runs if "floor_seconds" in run]  # older results have none
+    if floors:
+        scale.plot([run["stacks"] for run in floors], [run["floor_seconds"] for run in floors], marker="s",
+                   linestyle="--", color="tab:green",
+                   label="floor: bare `pulumi up` runs, same run")
+        for run in floors:
+            scale.annotate(f"{run['all_ready_seconds'] / run['floor_seconds']:.2f}x", (run["stacks"], run["all_ready_seconds"]),
+                           textcoords="offset points", xytext=(-8, 0), ha="right", va="center")
     scale.plot([50], [80], marker="x", linestyle="", color="grey", label="PKO v1.16: 50 in 80 s (recorded, quiet machine)")
     scale.set(title="time to all Ready", xlabel="Stacks", ylabel="seconds")
     scale.set_xlim(left=0)
     scale.set_ylim(bottom=0)
-    scale.legend()
+    scale.legend(loc="upper left", fontsize="small")
 
     largest = runs[-1]
     seconds = [sample[0] for sample in largest["memory_mb"]]

@@ -9,7 +9,11 @@ p50/p95, peak RSS of the operator process and of all its children (workers and p
 operator process's CPU seconds during the fill and during the idle window, and, while idle for --idle
 seconds after that, engine runs (must be 0) and the writes the operator makes to Stacks, counted from a
 watch (every write is one MODIFIED event; a changed status is a status patch), per minute (must be 0,
-or at least flat). The CPU is utime+stime of the operator process itself from /proc/<pid>/stat: its
+or at least flat). With the process executor the same run first measures the floor: the same N first
+updates as bare `pulumi stack init` + `pulumi up` CLI runs (the CLI, PATH and PULUMI_HOME plugins the
+operator's workers get, each in a project directory of its own on fresh file:// backends spread like
+--backends), as many at once as the operator's concurrency, timed to all done; the operator's all-Ready
+time over it is the floor ratio (issue #30's goal: at most 1.15; --no-floor skips it). The CPU is utime+stime of the operator process itself from /proc/<pid>/stat: its
 workers and pulumi CLIs are children of its fork server, reaped there rather than by the operator, so
 their CPU is not in the operator's cutime/cstime and is not counted. With --json, the figures and the raw series (every latency, memory
 sampled every half second) go to that file for benchmarks/charts.py. The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
@@ -24,15 +28,137 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubernetes import client
 
-from harness import (GROUP, NAMESPACE, VERSION, StackWatch, cpu_seconds, is_ready, platform_with_operator, process_operator_beside,
-                     pss_tree_mb, rss_tree_mb, stash_program, workspace_agents)
+from harness import (GROUP, NAMESPACE, PASSPHRASE, VERSION, StackWatch, cpu_seconds, is_ready, platform_with_operator,
+                     process_operator_beside, pss_tree_mb, rss_tree_mb, stash_program, workspace_agents)
+from strata_operator.api.program import program_project
+from strata_operator.engine.process.executor import DEFAULT_CONCURRENCY, NETWORK_SETTINGS, EngineSettings
+from strata_operator.engine.process.plugins import cached_plugins, default_plugin_cache, link_plugins
+
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times() -> dict[str, float]:
+    """The machine's CPU seconds so far by kind (the first line of /proc/stat), all cores together."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:1 + len(CPU_FIELDS)]
+    return {kind: int(value) / os.sysconf("SC_CLK_TCK") for kind, value in zip(CPU_FIELDS, fields)}
+
+
+def cpu_since(before: dict[str, float]) -> dict[str, float]:
+    now = cpu_times()
+    return {kind: round(now[kind] - before[kind], 1) for kind in CPU_FIELDS}
+
+
+def wait_quiet(busy_limit: float, timeout: float) -> dict:
+    """Wait until the machine is quiet: at most `busy_limit` of its CPU busy at normal priority (or taken
+    by the hypervisor, steal) over 2 s. Niced work (other sessions' tests) is left out: it yields to ours,
+    though it raises the load average. Gives up after `timeout` seconds, saying so. Returns what was seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        before = cpu_times()
+        time.sleep(2)
+        spent = cpu_since(before)
+        total = sum(spent.values()) or 1
+        busy = (spent["user"] + spent["system"] + spent["irq"] + spent["softirq"] + spent["steal"]) / total
+        if busy <= busy_limit or time.monotonic() > deadline:
+            quiet = {"cpu_busy_before": round(busy, 2), "niced_before": round(spent["nice"] / total, 2),
+                     "quiet": busy <= busy_limit, "load_average_1m_start": round(os.getloadavg()[0], 1)}
+            if not quiet["quiet"]:
+                print(f"the machine is still busy ({busy:.0%} of its CPU at normal priority) after {timeout:g}s: "
+                      "measuring anyway")
+            return quiet
+        time.sleep(3)
+
+
+def phase_machine(quiet: dict, before: dict[str, float]) -> dict:
+    """What the machine did during a phase: the quiet check before it, then its CPU seconds by kind
+    (ours included), steal and niced work (others') among them, and the load at its end."""
+    return {**quiet, "cpu_seconds": cpu_since(before), "load_average_1m_end": round(os.getloadavg()[0], 1)}
+
+
+def operator_cli(argv: list[str]) -> tuple[str, tuple[str, ...]]:
+    """The pulumi CLI and the --plugin-dir directories the operator was started with (operator_host's argv)."""
+    pulumi = argv[argv.index("--pulumi") + 1]
+    return pulumi, tuple(argv[i + 1] for i, arg in enumerate(argv) if arg == "--plugin-dir")
+
+
+def floor_run(bench, program: dict, stacks: int, backends: int, concurrency: int, quiet: tuple[float, float]) -> dict:
+    """The floor: the fleet's N first updates as bare CLI runs, `concurrency` at once, timed to all done.
+
+    Each is what the operator's worker runs for a YAML Program's first update (engine/process/worker.py:
+    `pulumi stack init`, the config written into the stack file (none here), then one `pulumi up --yes
+    --skip-preview`, no preview, no refresh), in a project directory of its own holding the Pulumi.yaml
+    the operator renders from the Program, with the environment a worker gets (executor.worker_env: its
+    own HOME and PULUMI_HOME, the PATH of the CLI and the language hosts, the passphrase) and the operator's
+    plugins linked into that PULUMI_HOME as the worker links them. Directories and links are made before
+    the clock starts; what is timed is the two CLI runs per stack. The operator's extras (the event log,
+    the update message, a worker forked per update) are its overhead, so the floor leaves them out."""
+    pulumi, plugin_dirs = operator_cli(bench.operator.process.argv)
+    settings = EngineSettings(pulumi_command=pulumi, plugin_dirs=plugin_dirs)
+    path = settings.search_path()
+    plugins = cached_plugins(default_plugin_cache(), plugin_dirs)
+    root = bench.scratch / "floor"
+    backend_urls = []
+    for index in range(backends):
+        directory = root / "backends" / f"floor-{index}"
+        directory.mkdir(parents=True, exist_ok=True)
+        backend_urls.append(directory.as_uri())
+    project_text = program_project({"metadata": {"name": "fleet"}, "program": program})
+    jobs = []
+    for index in range(stacks):
+        name = f"s{index:04d}"
+        stack_dir = root / "stacks" / name
+        project = stack_dir / "project"
+        project.mkdir(parents=True)
+        (project / "Pulumi.yaml").write_text(project_text)
+        (stack_dir / "home").mkdir()
+        link_plugins(plugins, stack_dir / "pulumi-home" / "plugins")
+        env = {key: value for key, value in os.environ.items() if key.upper() in NETWORK_SETTINGS}
+        env.update({"PATH": path, "HOME": str(stack_dir / "home"), "PULUMI_HOME": str(stack_dir / "pulumi-home"),
+                    "PULUMI_SKIP_UPDATE_CHECK": "true", "PULUMI_SKIP_CONFIRMATIONS": "true", "LANG": "C.UTF-8",
+                    "PULUMI_BACKEND_URL": backend_urls[index % backends], "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE})
+        jobs.append((name, project, env))
+
+    def update(job: tuple[str, Path, dict]) -> tuple[float, float]:
+        name, project, env = job
+        began = time.monotonic()
+        for args in (["stack", "init", name], ["up", "--yes", "--skip-preview", "--stack", name]):
+            done = subprocess.run([pulumi, "--non-interactive", *args], cwd=project, env=env, capture_output=True,
+                                  text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"floor {name}: pulumi {' '.join(args)} exited {done.returncode}: "
+                                   f"{(done.stdout + done.stderr)[-800:]}")
+        return began, time.monotonic()
+
+    calm = wait_quiet(*quiet)
+    cpu_before = cpu_times()
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        spans = list(pool.map(update, jobs))
+    seconds = time.monotonic() - started
+    machine = phase_machine(calm, cpu_before)
+    durations = sorted(end - began for began, end in spans)
+    print(f"floor: {stacks} first updates as bare `pulumi stack init` + `pulumi up`, {concurrency} at once: all done "
+          f"in {seconds:6.1f}s (one update p50 {percentile(durations, 0.5):5.2f}s; {describe(machine)})")
+    return {"floor_seconds": round(seconds, 2), "floor_concurrency": concurrency,
+            "floor_update_seconds": [round(value, 2) for value in durations],
+            "floor_finished_seconds": sorted(round(end - started, 2) for _, end in spans), "floor_machine": machine}
+
+
+def describe(machine: dict) -> str:
+    cpu = machine["cpu_seconds"]
+    return (f"before it {machine['cpu_busy_before']:.0%} of the CPU busy at normal priority; 1-minute load "
+            f"{machine['load_average_1m_start']} -> {machine['load_average_1m_end']}; CPU seconds during it: "
+            f"{cpu['user'] + cpu['system']:.0f} normal, {cpu['nice']:.0f} niced, {cpu['steal']:.0f} stolen")
 
 
 def timed_update(bench, name: str) -> float:
@@ -79,6 +205,21 @@ def pod_executor_figures(bench, rounds: int, resources: int) -> dict:
             "pod_overhead_seconds": round(pod - process, 2)}
 
 
+def worker_seconds(bench, names: list[str]) -> list[float]:
+    """Each Stack's last worker run, start to result (the `seconds.total` of the update log the worker writes
+    beside the Stack's HOME in the operator's state directory, which `strata logs stack` shows)."""
+    found = []
+    for name in names:
+        try:
+            record = json.loads((bench.operator.state_dir / "stacks" / bench.namespace / name / "last-update.json")
+                                .read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("operation") == "up" and "total" in (record.get("seconds") or {}):
+            found.append(round(record["seconds"]["total"], 2))
+    return found
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
@@ -96,15 +237,28 @@ def main() -> None:
                         help="pod: updates in a workspace pod per Stack on one real node (root, `make setup`'s Debian "
                              "packages), then the per-update overhead against the process executor in the same run")
     parser.add_argument("--rounds", type=int, default=5, help="--executor pod: updates timed per executor")
+    parser.add_argument("--quiet-busy", type=float, default=0.25,
+                        help="before the floor and before the fleet, wait until at most this fraction of the CPU is "
+                             "busy at normal priority (the machine is shared)")
+    parser.add_argument("--quiet-timeout", type=float, default=300, help="... for at most this many seconds")
+    parser.add_argument("--no-floor", dest="floor", action="store_false",
+                        help="skip the floor (the same first updates as bare `pulumi up` runs, before the fleet; "
+                             "process executor only)")
     args = parser.parse_args()
     operator_args = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
     with platform_with_operator(operator_args, executor=args.executor) as bench:
-        bench.create_program("fleet", stash_program(args.resources))
+        program = stash_program(args.resources)
+        floor: dict = {}
+        if args.floor and args.executor == "process":
+            # Before the fleet, on the same platform with the operator started and idle: each phase starts
+            # once the shared machine is quiet, and what it did meanwhile is recorded (floor_machine, fill_machine).
+            floor = floor_run(bench, program, args.stacks, args.backends, args.concurrency or DEFAULT_CONCURRENCY,
+                              (args.quiet_busy, args.quiet_timeout))
+        bench.create_program("fleet", program)
         pid = bench.operator.pid()
         peak = {"operator": 0.0, "children": 0.0, "children_pss": 0.0}
         memory: list[tuple[float, float, float]] = []  # (seconds since the fleet started, operator, children) MB
         sampling = threading.Event()
-        started = time.monotonic()
 
         def sample() -> None:
             while not sampling.wait(0.5):
@@ -114,6 +268,9 @@ def main() -> None:
                 peak["children"] = max(peak["children"], children)
                 peak["children_pss"] = max(peak["children_pss"], pss_tree_mb(pid))
 
+        calm = wait_quiet(args.quiet_busy, args.quiet_timeout)
+        fill_cpu_before = cpu_times()
+        started = time.monotonic()
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         backends = [bench.backend(f"fleet-{index}") for index in range(args.backends)]
@@ -134,9 +291,22 @@ def main() -> None:
                 raise RuntimeError("the Stack watch stopped")
             time.sleep(0.5)
         all_ready = max(ready_at.values()) - started
+        fill_machine = phase_machine(calm, fill_cpu_before)
         operator_cpu = cpu_seconds(pid) - operator_cpu_before
         latencies = [ready_at[name] - created[name] for name in created]
-        print(f"{args.stacks} Stacks all Ready in {all_ready:6.1f}s   (PKO v1.16: 50 in 80 s; goal <= 35 s)")
+        print(f"{args.stacks} Stacks all Ready in {all_ready:6.1f}s   (PKO v1.16: 50 in 80 s; goal <= 35 s; "
+              f"{describe(fill_machine)})")
+        if floor:
+            floor["floor_ratio"] = round(all_ready / floor["floor_seconds"], 3)
+            print(f"floor: bare CLI runs {floor['floor_seconds']:6.1f}s, the operator's all Ready {all_ready:6.1f}s: "
+                  f"ratio {floor['floor_ratio']:.2f} (goal <= 1.15)")
+            # Where the difference is: inside the worker (its CLI runs and its own steps), or around it.
+            worker = worker_seconds(bench, list(created))
+            if worker:
+                floor["operator_worker_seconds"] = sorted(worker)
+                print(f"one update, p50: the operator's worker {percentile(worker, 0.5):5.2f}s (sum {sum(worker):6.1f}s), "
+                      f"the floor's CLI runs {percentile(floor['floor_update_seconds'], 0.5):5.2f}s "
+                      f"(sum {sum(floor['floor_update_seconds']):6.1f}s)")
         print(f"create->Ready latency  p50 {percentile(latencies, 0.5):6.1f}s   p95 {percentile(latencies, 0.95):6.1f}s")
         fill_writes = len(stack_watch.status_writes), len(stack_watch.other_writes)
         print(f"CPU of the operator process (Kopf, handlers, API calls): {operator_cpu:5.1f} s during the fill")
@@ -146,7 +316,7 @@ def main() -> None:
               f"(PSS {peak['children_pss']:6.1f} MB; PKO v1.16 children: 1250 MB RSS)")
 
         load_fill_end = round(os.getloadavg()[0], 1)
-        fill_figures = {
+        fill_figures = {**floor, "fill_machine": fill_machine,
             "stacks": args.stacks, "backends": args.backends, "resources": args.resources,
             "all_ready_seconds": round(all_ready, 2), "latency_seconds": sorted(round(value, 2) for value in latencies),
             "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
