@@ -333,6 +333,13 @@ def _state_volume(api: client.ApiClient, namespace: str, directory: Path) -> Non
     core.create_namespaced_persistent_volume_claim(namespace, {"metadata": {"name": "state"}, "spec": {
         "accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"{namespace}-state",
         "resources": {"requests": {"storage": "1Gi"}}}})
+    # Bound before any Stack starts: a workspace pod whose claim is still unbound is unschedulable, which
+    # the operator reports as the Stack's failure, retried after a 10 s backoff (the fleet's first runs did so).
+    deadline = time.monotonic() + 60
+    while core.read_namespaced_persistent_volume_claim("state", namespace).status.phase != "Bound":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the claim {namespace}/state did not bind within 60 s")
+        time.sleep(0.2)
 
 
 def workspace_agents() -> list[int]:

@@ -14,13 +14,14 @@ from strata_operator.engine.pod.bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
 from strata_operator.engine.port import UpdateRequest
 from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
 from strata_operator.main import build_parser, workspace_settings
+from strata_operator.engine.pod import executor as pod_executor
 from strata_operator.engine.pod.executor import PodEngine, Workspace, WorkspaceSettings, source_archive
 from strata_operator.sources.references import resolve_stack
 from strata_operator.api.stack import parse_stack_spec
 from strata_operator.api.workspace_values import MountedRefs
 from strata_operator.engine.pod.workspace_pod import (CONTAINER, WORKSPACE_LABEL, RefUnavailable, WorkspaceNames,
-                                                      WorkspacePodArgs, build_service_account, build_workspace_pod,
-                                                      pod_problem, resolve_in_workspace, spec_hash)
+                                                      WorkspacePodArgs, agent_started, build_service_account,
+                                                      build_workspace_pod, pod_problem, resolve_in_workspace, spec_hash)
 
 OWNER = {"apiVersion": "pulumi.com/v1", "kind": "Stack", "name": "app", "uid": "u-1", "controller": True}
 PKO_STATE_TEMPLATE = {"spec": {
@@ -332,3 +333,43 @@ def test_a_deleted_objects_lock_is_forgotten_unless_an_operation_holds_it(tmp_pa
             return "team/busy" in engine._locks, "team/idle" in engine._locks
 
     assert asyncio.run(scenario()) == (True, False)
+
+
+def _starting_pod(ip: str = "10.0.0.9", running: bool = True, sidecar_ready: bool | None = None) -> dict:
+    containers = [{"name": CONTAINER, "ready": False, "state": {"running": {}} if running else {"waiting": {}}}]
+    if sidecar_ready is not None:
+        containers.append({"name": "sidecar", "ready": sidecar_ready, "state": {"running": {}}})
+    return {"metadata": {"name": "app-workspace", "uid": "pod-1"},
+            "status": {"phase": "Running" if running else "Pending", "podIP": ip, "containerStatuses": containers}}
+
+
+def test_a_starting_pods_agent_is_asked_directly_once_its_container_runs():
+    assert agent_started(_starting_pod())
+    assert not agent_started(_starting_pod(ip=""))
+    assert not agent_started(_starting_pod(running=False))
+    assert not agent_started(_starting_pod(sidecar_ready=False))  # the pod is Ready only with its sidecars
+    assert agent_started(_starting_pod(sidecar_ready=True))
+
+
+def test_the_wait_for_a_new_pod_ends_when_its_agent_answers_before_the_kubelet_says_ready(tmp_path, monkeypatch):
+    """The kubelet's readiness probe runs every 2 s and its status write comes after: the operator asks the
+    agent itself (backing off from PROBE_SECONDS) once the container runs, and reads the pod meanwhile only to see it fail."""
+    monkeypatch.setattr(pod_executor, "PROBE_SECONDS", 0.001)
+    monkeypatch.setattr(pod_executor, "POLL_SECONDS", 0.001)
+    monkeypatch.setattr(pod_executor, "PROBE_READ_SECONDS", 0)  # one probe between two reads of the pod
+    pending, started = _starting_pod(running=False), _starting_pod()
+    reads = iter([started, started, started])
+    asked: list[str] = []
+
+    class Reader:
+        async def get_pod(self, namespace: str, name: str) -> dict:
+            return next(reads)
+
+    async def answers(pod: dict) -> bool:
+        asked.append(pod["status"]["podIP"])
+        return len(asked) >= 3
+
+    engine = PodEngine(EngineSettings(state_dir=tmp_path, pulumi_command="/bin/true"), WorkspaceSettings(image="strata:1"),
+                       Reader())  # type: ignore[arg-type]
+    ready = asyncio.run(engine._wait_ready("team", pending, MountedRefs(), answers))
+    assert ready is started and asked == ["10.0.0.9"] * 3

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -34,7 +35,7 @@ from ...api.status import OUT_OF_MEMORY
 from ...api.workspace_values import ConfigItem, ConfigUnavailable, MountedRefs, config_values
 from ...services.redaction import REDACTOR, install_log_redaction
 from ...sources.archive import SourceError, safe_extract
-from ..port import Operation, UpdateRequest, UpdateResult
+from ..port import EngineUnavailable, Operation, UpdateRequest, UpdateResult
 from ..process.executor import AutomationEngine, EngineSettings
 from ..process.plugins import default_plugin_cache
 from .bundle import BUNDLE_ENV, launcher
@@ -46,6 +47,7 @@ _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 OPERATIONS = frozenset(typing.get_args(Operation))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 log = logging.getLogger("strata_operator.engine.pod.agent")  # not __name__: run as __main__
+FORKSERVER_START = web.AppKey("forkserver_start", asyncio.Task)
 
 
 class Agent:
@@ -242,12 +244,29 @@ def main() -> None:
     credentials = Path(os.environ.get("STRATA_AGENT_DIR", "/var/run/strata/agent"))
     workspace = Path(os.environ.get("STRATA_WORKSPACE", "/workspace"))
     port = int(os.environ.get("STRATA_AGENT_PORT", "8443"))
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    # A server context that verifies no client (the token authenticates): create_default_context would
+    # also load the system's CA bundle, tens of milliseconds of CPU per pod for nothing.
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(credentials / "tls.crt", credentials / "tls.key")
     engine = AutomationEngine(agent_engine_settings(os.environ, workspace))
     agent = Agent(workspace, (credentials / "token").read_text().strip(), engine)
     log.info("workspace agent on :%d; %s", port, engine.settings.summary())
-    web.run_app(agent.app(), port=port, ssl_context=tls, print=None, access_log=None)
+    app = agent.app()
+    app.on_startup.append(functools.partial(_start_engine, engine))
+    web.run_app(app, port=port, ssl_context=tls, print=None, access_log=None)
+
+
+async def _start_engine(engine: AutomationEngine, app: web.Application) -> None:
+    """Start the fork server (its imports and the CLI's version probe) while the operator still waits for the
+    pod's readiness and uploads the program, rather than on the first operation; one that fails to start is
+    started again by that operation, which says why."""
+    async def start() -> None:
+        try:
+            await engine.start()
+        except (EngineUnavailable, OSError) as err:
+            log.warning("the fork server did not start ahead of the first operation: %s", err)
+
+    app[FORKSERVER_START] = asyncio.get_running_loop().create_task(start())
 
 
 if __name__ == "__main__":

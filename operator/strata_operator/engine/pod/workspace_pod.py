@@ -346,6 +346,18 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def agent_started(pod: Mapping[str, Any]) -> bool:
+    """The workspace container runs, the pod has its IP and every other container is ready: the agent is
+    worth asking directly, ahead of the kubelet's readiness probe (every 2 s) and its status write."""
+    status = pod.get("status") or {}
+    if not status.get("podIP"):
+        return False
+    containers = status.get("containerStatuses") or []
+    ours = [c for c in containers if c.get("name") == CONTAINER]
+    return bool(ours) and (ours[0].get("state") or {}).get("running") is not None \
+        and all(c.get("ready") for c in containers if c.get("name") != CONTAINER)
+
+
 # Waiting reasons of a container that will not start without a change (not worth waiting out).
 _STUCK_WAITING = frozenset({"CreateContainerConfigError", "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull",
                             "InvalidImageName", "CreateContainerError", "CrashLoopBackOff"})
