@@ -40,7 +40,8 @@ from kubernetes import client
 from harness import (GROUP, NAMESPACE, PASSPHRASE, VERSION, StackWatch, cpu_seconds, is_ready, platform_with_operator,
                      process_operator_beside, pss_tree_mb, rss_tree_mb, stash_program, workspace_agents)
 from strata_operator.api.program import program_project
-from strata_operator.engine.process.executor import DEFAULT_CONCURRENCY, NETWORK_SETTINGS, EngineSettings
+from strata_operator.engine.port import UpdateRequest
+from strata_operator.engine.process.executor import DEFAULT_CONCURRENCY, AutomationEngine, EngineSettings
 from strata_operator.engine.process.plugins import cached_plugins, default_plugin_cache, link_plugins
 
 
@@ -103,10 +104,10 @@ def floor_run(bench, program: dict, stacks: int, backends: int, concurrency: int
     the clock starts; what is timed is the two CLI runs per stack. The operator's extras (the event log,
     the update message, a worker forked per update) are its overhead, so the floor leaves them out."""
     pulumi, plugin_dirs = operator_cli(bench.operator.process.argv)
-    settings = EngineSettings(pulumi_command=pulumi, plugin_dirs=plugin_dirs)
-    path = settings.search_path()
-    plugins = cached_plugins(default_plugin_cache(), plugin_dirs)
     root = bench.scratch / "floor"
+    # The worker's environment and PULUMI_HOME come from the engine itself (worker_env, pulumi_home).
+    engine = AutomationEngine(EngineSettings(state_dir=root, pulumi_command=pulumi, plugin_dirs=plugin_dirs))
+    plugins = cached_plugins(default_plugin_cache(), plugin_dirs)
     backend_urls = []
     for index in range(backends):
         directory = root / "backends" / f"floor-{index}"
@@ -116,17 +117,14 @@ def floor_run(bench, program: dict, stacks: int, backends: int, concurrency: int
     jobs = []
     for index in range(stacks):
         name = f"s{index:04d}"
-        stack_dir = root / "stacks" / name
-        project = stack_dir / "project"
+        project = root / "projects" / name
         project.mkdir(parents=True)
         (project / "Pulumi.yaml").write_text(project_text)
-        (stack_dir / "home").mkdir()
-        link_plugins(plugins, stack_dir / "pulumi-home" / "plugins")
-        env = {key: value for key, value in os.environ.items() if key.upper() in NETWORK_SETTINGS}
-        env.update({"PATH": path, "HOME": str(stack_dir / "home"), "PULUMI_HOME": str(stack_dir / "pulumi-home"),
-                    "PULUMI_SKIP_UPDATE_CHECK": "true", "PULUMI_SKIP_CONFIRMATIONS": "true", "LANG": "C.UTF-8",
-                    "PULUMI_BACKEND_URL": backend_urls[index % backends], "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE})
-        jobs.append((name, project, env))
+        request = UpdateRequest(stack_key=f"floor/{name}", stack_name=name, project_dir=str(project),
+                                env={"PULUMI_BACKEND_URL": backend_urls[index % backends],
+                                     "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE})
+        link_plugins(plugins, engine.pulumi_home(request.stack_key) / "plugins")
+        jobs.append((name, project, engine.worker_env(request)))
 
     def update(job: tuple[str, Path, dict]) -> tuple[float, float]:
         name, project, env = job
