@@ -18,6 +18,7 @@ import pulumi_kubernetes as k8s
 from .cluster import DEFAULT_HOST_CONTROLLERS, ClusterArgs
 from .flux import FluxArgs, FluxSyncComponentArgs
 from . import s3
+from .s3 import BACKEND_CREDENTIAL_KEYS
 from .layers import PASSPHRASE_SECRET
 from .operator import OperatorArgs
 from .project_repo import ProjectRepoArgs
@@ -136,10 +137,6 @@ def resolve_backend_url(url: str) -> str:
     if url.startswith(prefix + "~"):
         return prefix + os.path.expanduser(url[len(prefix):])
     return url
-
-
-# What Pulumi's s3:// backend reads long-lived credentials from (the AWS SDK's environment variables).
-BACKEND_CREDENTIAL_KEYS = s3.CREDENTIAL_ENV[:2]
 
 
 def backend_credentials_env_refs(secret_name: str) -> dict[str, Any]:

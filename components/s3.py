@@ -24,6 +24,8 @@ REGION = "us-east-1"
 STS_VERSION = "2011-06-15"
 # The Pulumi backend's environment variables for S3 credentials (the AWS SDK's).
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# What Pulumi's s3:// backend reads long-lived credentials from (no session token).
+BACKEND_CREDENTIAL_KEYS = CREDENTIAL_ENV[:2]
 
 
 class S3Error(Exception):

@@ -26,8 +26,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from .. import s3
-from ..bootstrap_config import BACKEND_CREDENTIAL_KEYS
-from ..project_repo import DEFAULT_INCLUDE, collect_files, publish
+from ..s3 import BACKEND_CREDENTIAL_KEYS
 from strata_operator.decisions.lease import DEFAULT_LEASE_NAME
 
 from . import objectstore, realnode, registry, stackwatch
@@ -285,6 +284,9 @@ def _start(project: Path, base: Path, say: Say) -> tuple[DevHome, LocalPlatform,
     kubeconfig = platform.state / "kubeconfigs" / f"{CONTEXT}.kubeconfig"
     kubeconfig.write_text(service_kubeconfig(info.kubeconfig))
     kubeconfig.chmod(0o600)
+    # Here, not at the top: the component module imports the Pulumi SDK (0.3 s), which every other
+    # `strata` command (`make up` runs three) would pay for at each start.
+    from ..project_repo import DEFAULT_INCLUDE, collect_files, publish
     git = GitRepos(info.git.root, f"http://{realnode.NODE_ADDRESS}:{info.ports['git']}")
     publish(git, PROJECT_REPOSITORY, collect_files(project, DEFAULT_INCLUDE))
     machine = Machine(kubeconfig=str(kubeconfig), context=CONTEXT, registry=platform.registry_host(),

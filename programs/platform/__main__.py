@@ -139,7 +139,7 @@ def read_settings(config: pulumi.Config) -> PlatformSettings:
 
 def read_store_credentials(environ: Mapping[str, str]) -> pulumi.Output[dict[str, str]] | None:
     """The object store's credentials the platform Stack's envRefs put in its environment, kept secret."""
-    keys = s3.CREDENTIAL_ENV[:2]  # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
+    keys = s3.BACKEND_CREDENTIAL_KEYS
     if not all(environ.get(key) for key in keys):
         return None
     access_key_id, secret_access_key = (environ[key] for key in keys)
