@@ -20,6 +20,7 @@ from .decisions.planning import DEFAULT_STALL_AFTER_FAILURES
 from .engine.pod.executor import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
 from .engine.port import EngineUnavailable
 from .engine.process.executor import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
+from .engine.process.bytecode import bytecode_cache_beside
 from .engine.process.plugins import default_plugin_cache
 from .engine.process.virtualenvs import default_python_cache
 from .services.flux_events import check_address
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "$PULUMI_HOME/plugins, else ~/.pulumi/plugins; read before every update)")
     p.add_argument("--python-cache", type=Path, default=default_python_cache(), metavar="DIR",
                    help="uv's cache for every Stack's Python environment (programs never see it; default: "
-                        "$XDG_CACHE_HOME/strata/uv, else ~/.cache/strata/uv)")
+                        "$XDG_CACHE_HOME/strata/uv, else ~/.cache/strata/uv); the bytecode compiled for those "
+                        "environments is kept beside it, in DIR-bytecode")
     p.add_argument("--state-dir", type=Path,
                    default=Path(os.environ.get("STRATA_OPERATOR_STATE", Path.home() / ".cache/strata/operator")),
                    help="where per-Stack workdirs and PULUMI_HOMEs live")
@@ -212,10 +214,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         for failure in failures:
             log.critical("%s", failure.line())
         return 1
+    python_cache = args.python_cache.expanduser().absolute()
     engine = EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
                             timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
                             plugin_cache=args.plugin_cache.expanduser().absolute(),
-                            python_cache=args.python_cache.expanduser().absolute())
+                            python_cache=python_cache, bytecode_cache=bytecode_cache_beside(python_cache))
     try:
         log.info("%s", engine.summary())
     except EngineUnavailable as err:

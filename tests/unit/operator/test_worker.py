@@ -309,13 +309,14 @@ def test_a_stack_removed_behind_our_back_is_created_again_and_its_program_still_
 def test_an_environment_that_fails_to_build_fails_the_update_when_it_is_waited_for(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
-    def broken(project_dir, venvs, cache):
-        assert (project_dir, venvs, cache) == (tmp_path / "project", tmp_path / "venvs", tmp_path / "cache")
+    def broken(project_dir, venvs, cache, bytecode):
+        assert (project_dir, venvs, cache, bytecode) == (tmp_path / "project", tmp_path / "venvs", tmp_path / "cache",
+                                                         tmp_path / "bytecode")
         raise PythonEnvError("installing requirements.txt failed (the program's dependencies): no-such-package")
 
     monkeypatch.setattr(worker, "ensure_virtualenv", broken)
     seconds = {}
-    build = EnvironmentBuild(tmp_path / "project", tmp_path / "cache", seconds)
+    build = EnvironmentBuild(tmp_path / "project", tmp_path / "cache", tmp_path / "bytecode", seconds)
     build.start()
     with pytest.raises(PythonEnvError, match="no-such-package"):
         build.wait()
@@ -325,7 +326,7 @@ def test_an_environment_that_fails_to_build_fails_the_update_when_it_is_waited_f
 
 def test_an_operation_without_a_program_waits_for_no_environment(tmp_path):
     seconds = {}
-    build = EnvironmentBuild(tmp_path, tmp_path / "cache", seconds)
+    build = EnvironmentBuild(tmp_path, tmp_path / "cache", None, seconds)
     build.wait()  # never started: nothing to wait for
     assert seconds == {}
 
@@ -341,7 +342,7 @@ def test_every_operation_that_loads_the_states_providers_gets_the_programs_envir
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(worker, "link_plugins", lambda *args: None)
     monkeypatch.setattr(worker, "cached_plugins", lambda *args: [])
-    monkeypatch.setattr(worker, "ensure_virtualenv", lambda *args: built.append(args))
+    monkeypatch.setattr(worker, "ensure_virtualenv", lambda *args, bytecode: built.append(args))
     monkeypatch.setattr(worker, "_run_operation", lambda request, command, workdir, environment: environment.wait())
     worker._run({"operation": operation, "plugin_cache": str(tmp_path), "plugin_dirs": [], "create": False,
                  "python_cache": str(tmp_path / "cache")}, None, {})

@@ -234,6 +234,8 @@ def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) ->
         state_dir=workspace / "state", concurrency=2, plugin_cache=default_plugin_cache(environ), host_path=path,
         # uv's cache in the workspace volume: the default, under HOME, is on the pod's read-only root.
         python_cache=workspace / "uv",
+        # One environment per pod: a store would be compiled (9 s of CPU) for that environment alone.
+        bytecode_cache=None,
         inherited_env={name: value for name, value in environ.items() if not name.startswith("STRATA_")},
         python_command=tuple(launcher(Path(bundle))) if bundle else (),
         # Set by the operator's image only, whose CLI is the one on PATH.

@@ -26,6 +26,7 @@ from pathlib import Path
 from ...services.redaction import redact
 from ..port import EngineUnavailable, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from .plugins import ambient_plugin_dirs, ambient_plugins, cached_plugins, default_plugin_cache
+from .bytecode import bytecode_cache_beside
 from .virtualenvs import default_python_cache
 
 RESULT_PREFIX = "STRATA-RESULT "
@@ -66,6 +67,8 @@ class EngineSettings:
     plugin_cache: Path = dataclasses.field(default_factory=default_plugin_cache)
     # uv's cache, for every Stack's Python environment (virtualenvs.py); programs are never given its path.
     python_cache: Path = dataclasses.field(default_factory=default_python_cache)
+    # The bytecode of each requirements key's environment, shared (bytecode.py); None: each compiles its own.
+    bytecode_cache: Path | None = dataclasses.field(default_factory=lambda: bytecode_cache_beside(default_python_cache()))
     # The operator's own PATH: the CLI is found on it, and its directories holding language hosts or
     # plugins are passed on to updates (their environment is otherwise clean).
     host_path: str = dataclasses.field(default_factory=lambda: os.environ.get("PATH", ""))
@@ -225,6 +228,7 @@ class AutomationEngine(SerializedEngine):
         payload["plugin_cache"] = str(self.settings.plugin_cache)
         payload["plugin_dirs"] = list(self.settings.plugin_dirs)
         payload["python_cache"] = str(self.settings.python_cache)
+        payload["bytecode_cache"] = str(self.settings.bytecode_cache) if self.settings.bytecode_cache else None
         try:
             stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
                                             timeout=self.settings.timeout_seconds)

@@ -15,7 +15,8 @@ a repeated install is a copy (233 MB for the platform layer in 1.1 s, measured).
 not hard-linked as uv would by default: a program that rewrote a file of its own environment would
 otherwise rewrite the cache every other Stack installs from. uv locks the cache against concurrent
 builds, and programs are never given its path. Where no uv is found (a workspace image that is not the
-operator's) requirements.txt falls back to pip.
+operator's) requirements.txt falls back to pip. A new environment gets the bytecode compiled for its
+requirements key (bytecode.py), which uv does not copy.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import yaml
+
+from .bytecode import share_bytecode
 
 PROJECT_FILES = ("Pulumi.yaml", "Pulumi.yml")
 SKIPPED_DIRS = {".git", "__pycache__", ".venv", "venv", "node_modules", ".pytest_cache", "build", "dist"}
@@ -193,9 +196,11 @@ def uv_environment(env: Mapping[str, str], cache: Path) -> dict[str, str]:
     return result
 
 
-def ensure_virtualenv(project_dir: Path, venvs_root: Path, cache: Path, timeout: float = 900) -> Path | None:
+def ensure_virtualenv(project_dir: Path, venvs_root: Path, cache: Path, timeout: float = 900,
+                      bytecode: Path | None = None) -> Path | None:
     """Create the project's virtualenv (with the worker's interpreter) unless it exists, drop this
-    Stack's outdated ones, and point the project at it. `cache`: uv's, shared by every Stack."""
+    Stack's outdated ones, and point the project at it. `cache`: uv's, shared by every Stack; `bytecode`:
+    where the bytecode of each requirements key's environment is shared (bytecode.py), or None."""
     venv = planned_virtualenv(project_dir, venvs_root, sys.version)
     if venv is None:
         return None
@@ -205,6 +210,8 @@ def ensure_virtualenv(project_dir: Path, venvs_root: Path, cache: Path, timeout:
         shutil.rmtree(venv, ignore_errors=True)
         venv.parent.mkdir(parents=True, exist_ok=True)
         _install(project_dir, venv, cache, timeout)
+        if bytecode is not None:
+            share_bytecode(venv, bytecode)
         complete.touch()
     for stale in venvs_root.iterdir():
         if stale != venv:

@@ -458,8 +458,8 @@ class EnvironmentBuild:
     stack (`stack init`, `config set --secret`: about a second each), which need none of it; `wait` before
     the program runs. `seconds["environment"]` gets how long it took."""
 
-    def __init__(self, project_dir: Path, cache: Path, seconds: dict[str, float]):
-        self.project_dir, self.cache, self.seconds = project_dir, cache, seconds
+    def __init__(self, project_dir: Path, cache: Path, bytecode: Path | None, seconds: dict[str, float]):
+        self.project_dir, self.cache, self.bytecode, self.seconds = project_dir, cache, bytecode, seconds
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
@@ -471,7 +471,8 @@ class EnvironmentBuild:
         started = time.monotonic()
         try:
             # HOME is the Stack's own directory (executor.AutomationEngine.worker_env).
-            ensure_virtualenv(self.project_dir, Path(os.environ["HOME"]).parent / "venvs", self.cache)
+            ensure_virtualenv(self.project_dir, Path(os.environ["HOME"]).parent / "venvs", self.cache,
+                              bytecode=self.bytecode)
         except BaseException as err:  # noqa: BLE001 - handed to the thread that waits for it
             self.error = err
         self.seconds["environment"] = round(time.monotonic() - started, 3)
@@ -497,7 +498,9 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: d
     backend = _file_backend_dir(dict(os.environ))
     if backend is not None and operation in ("up", "preview", "refresh") and request["create"]:
         _ensure_file_backend(backend)
-    environment = EnvironmentBuild(Path(workdir), Path(request["python_cache"]), seconds)
+    bytecode = request.get("bytecode_cache")
+    environment = EnvironmentBuild(Path(workdir), Path(request["python_cache"]), Path(bytecode) if bytecode else None,
+                                   seconds)
     if operation in ENVIRONMENT_OPERATIONS:
         # Built while the stack is prepared.
         environment.start()

@@ -1,0 +1,112 @@
+"""Bytecode shared by the Python environments of one requirements key.
+
+uv copies a package's files from its cache but no bytecode, so a new environment's first update compiled
+every module its program imports (1.6 s of CPU for a layer importing pulumi_kubernetes, on `make up`'s
+critical path twice). The first environment of a key is compiled once, in the background at the lowest
+priority, into a store beside uv's cache; every later environment of that key (another Stack, a new
+operator home) gets a copy of the store before its program first runs.
+
+The store's files are checked-hash .pyc files: Python uses one only if the hash it records is the hash of
+the source beside it, whatever the files' times. So a program that rewrote a source of its own
+environment while it was compiled cannot put code into another Stack's environment: what was compiled
+from the rewritten source carries that source's hash, which the other environment's source does not have.
+"""
+
+from __future__ import annotations
+
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Stores kept (the most recently used): about 60 MB each for the layers' environments.
+KEPT_STORES = 8
+# A compile that left its partial store this long ago died; another may start.
+PARTIAL_STALE_SECONDS = 600
+
+
+def bytecode_cache_beside(python_cache: Path) -> Path:
+    """Where the stores live: beside uv's cache, which programs are never given either."""
+    return python_cache.parent / f"{python_cache.name}-bytecode"
+
+
+def site_packages(venv: Path) -> Path:
+    return venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+
+
+def share_bytecode(venv: Path, cache: Path) -> bool:
+    """Give the new environment `venv` its key's bytecode (True), or start compiling the key's store in the
+    background for the next one (False). The store's name is the environment's (virtualenvs.requirements_key)."""
+    store = cache / venv.name
+    if store.is_dir():
+        install_store(store, site_packages(venv))
+        os.utime(store)  # recently used: pruned last
+        return True
+    if not _compile_running(store):
+        cache.mkdir(parents=True, exist_ok=True)
+        # Its own session and a neutral environment (the worker's holds the Stack's secrets); it outlives the worker.
+        subprocess.Popen([sys.executable, "-m", __name__, str(site_packages(venv)), str(store)],
+                         env={"PATH": os.defpath, "PYTHONPATH": str(Path(__file__).resolve().parents[3])},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    return False
+
+
+def _compile_running(store: Path) -> bool:
+    now = time.time()
+    return any(now - partial.stat().st_mtime < PARTIAL_STALE_SECONDS
+               for partial in store.parent.glob(f".{store.name}.*.partial"))
+
+
+def install_store(store: Path, site: Path) -> None:
+    """Copy the store's .pyc files into the environment's site-packages, each replaced whole."""
+    for directory, _dirs, files in os.walk(store):
+        target = site / Path(directory).relative_to(store)
+        if files:
+            target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            partial = target / f".{name}.{os.getpid()}"
+            shutil.copyfile(Path(directory, name), partial)
+            partial.replace(target / name)
+
+
+def compile_store(site: Path, store: Path) -> Path | None:
+    """Compile every module of `site` into a new store at `store` (None: another compile made it first)."""
+    partial = store.with_name(f".{store.name}.{os.getpid()}.partial")
+    for directory, dirs, files in os.walk(site):  # symbolic links not followed
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        relative = Path(directory).relative_to(site)
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            cfile = partial / relative / "__pycache__" / f"{name[:-3]}.{sys.implementation.cache_tag}.pyc"
+            try:
+                py_compile.compile(os.path.join(directory, name), cfile=str(cfile), doraise=True,
+                                   invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+            except (py_compile.PyCompileError, OSError, ValueError):
+                continue  # compiled, or reported, at import as before
+    if not site.is_dir():  # the environment went away meanwhile: what was compiled is not all of it
+        shutil.rmtree(partial, ignore_errors=True)
+        return None
+    try:
+        partial.rename(store)
+    except OSError:  # another compile's store is there
+        shutil.rmtree(partial, ignore_errors=True)
+        return None
+    prune(store.parent)
+    return store
+
+
+def prune(cache: Path, kept: int = KEPT_STORES) -> None:
+    stores = sorted((path for path in cache.iterdir() if path.is_dir() and not path.name.startswith(".")),
+                    key=lambda path: path.stat().st_mtime, reverse=True)
+    for stale in stores[kept:]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.nice(19)  # idle time only: updates come first
+    compile_store(Path(sys.argv[1]), Path(sys.argv[2]))
