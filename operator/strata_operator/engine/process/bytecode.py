@@ -62,15 +62,9 @@ def _compile_running(store: Path) -> bool:
 
 
 def install_store(store: Path, site: Path) -> None:
-    """Copy the store's .pyc files into the environment's site-packages, each replaced whole."""
-    for directory, _dirs, files in os.walk(store):
-        target = site / Path(directory).relative_to(store)
-        if files:
-            target.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            partial = target / f".{name}.{os.getpid()}"
-            shutil.copyfile(Path(directory, name), partial)
-            partial.replace(target / name)
+    """Copy the store's .pyc files into a new environment's site-packages (before any program runs in it).
+    Copies, never links: a program writing into a linked .pyc would write into every other Stack's."""
+    shutil.copytree(store, site, dirs_exist_ok=True, copy_function=shutil.copyfile)
 
 
 def compile_store(site: Path, store: Path) -> Path | None:
