@@ -9,6 +9,7 @@ directory; `up` is idempotent and `down` leaves no process behind.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -89,6 +90,10 @@ def subprocess_ok(argv: list[str]) -> bool:
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(os.environ.get("STRATA_STATE_DIR") or Path(base) / "strata" / "platform")
+
+
+def _needs_objects(process: str) -> bool:
+    return process in HOST_CONTROLLERS or process == "git-server"
 
 
 def build_git_server_rbac() -> list[dict]:
@@ -282,6 +287,9 @@ class LocalPlatform:
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--leader-elect=false", "--profiling=false",
+                # Starting each controller makes its ServiceAccount and token: at the default 20 requests per
+                # second that took 4.5 s before the first namespace had its default ServiceAccount.
+                "--kube-api-qps=200", "--kube-api-burst=400",
             ]), lambda: https_ok(f"https://127.0.0.1:{ports['controller_manager']}/healthz", pki, verify_server=False)),
             (HostProcess("kube-scheduler", [
                 str(tc.bin("kube-scheduler")),
@@ -382,18 +390,20 @@ class LocalPlatform:
             members = [(process, ready) for process, ready in plan if process.name in wave]
             already = {process.name for process, _ in members
                        if processes.running_pid(self.run_dir, process.name) is not None}
-            for process, _ in members:
-                if process.name in HOST_CONTROLLERS:
-                    self._install_flux_crds(process.name)
-                if process.name == "git-server":
-                    server_side_apply(self.kubeconfig_path, build_git_server_rbac())
+            # The git server and Flux's controllers need objects in the API server first (their RBAC, Flux's
+            # CRDs): applied while the others start, rather than before them (2 s on make up's path).
+            needing = [(process, ready) for process, ready in members if _needs_objects(process.name)]
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                applied = pool.submit(self._apply_platform_objects, [p.name for p, _ in needing]) if needing else None
+                rest = [member for member in members if member not in needing]
+                for process, _ in rest:
+                    processes.start(process, self.run_dir, self.log_dir)
+                self._wait_started(rest, already, started, say)
+                if applied is not None:
+                    applied.result()
+            for process, _ in needing:
                 processes.start(process, self.run_dir, self.log_dir)
-            for process, ready in members:
-                self._wait_ready(process, ready)
-                say(f"  {process.name}: {'already running' if process.name in already else 'ready'} "
-                    f"({format_seconds(time.monotonic() - started)})")
-                if process.name == "kwok":
-                    self._ensure_nodes(say)
+            self._wait_started(needing, already, started, say)
         if self.config.real_node_count:
             self._start_real_nodes(ports, say)
         say(f"local platform ready in {format_seconds(time.monotonic() - started)}: "
@@ -422,11 +432,26 @@ class LocalPlatform:
             raise PlatformError(f"{name} exited during start: {last[-1] if last else 'no output'} (log: {log})")
         return False
 
-    def _install_flux_crds(self, controller: str) -> None:
-        crds = sorted((self.toolchain.dir(controller) / "crds").glob("*.yaml"))
-        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLUX_NAMESPACE}}
-        server_side_apply(self.kubeconfig_path, [namespace, *load_documents(crds)])
-        self._wait_crds_established([doc["metadata"]["name"] for doc in load_documents(crds)])
+    def _wait_started(self, members: list[tuple[HostProcess, Any]], already: set[str], started: float,
+                      say: Say) -> None:
+        for process, ready in members:
+            self._wait_ready(process, ready)
+            say(f"  {process.name}: {'already running' if process.name in already else 'ready'} "
+                f"({format_seconds(time.monotonic() - started)})")
+            if process.name == "kwok":
+                self._ensure_nodes(say)
+
+    def _apply_platform_objects(self, names: list[str]) -> None:
+        """What the processes `names` need in the API server before they start, in one apply: the git
+        server's RBAC, the Flux controllers' namespace and CRDs (then waited for until established)."""
+        objects = build_git_server_rbac() if "git-server" in names else []
+        crds = load_documents(sorted(path for name in names if name in HOST_CONTROLLERS
+                                     for path in (self.toolchain.dir(name) / "crds").glob("*.yaml")))
+        if crds:
+            objects.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": FLUX_NAMESPACE}})
+        server_side_apply(self.kubeconfig_path, [*objects, *crds])
+        if crds:
+            self._wait_crds_established([doc["metadata"]["name"] for doc in crds])
 
     def _wait_crds_established(self, names: list[str]) -> None:
         from kubernetes import client
