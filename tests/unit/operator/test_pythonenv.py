@@ -78,8 +78,15 @@ def test_a_local_directory_requirement_is_part_of_the_key(tmp_path):
     (library / "__pycache__").mkdir()
     (library / "__pycache__" / "x.pyc").write_bytes(b"cache")
     assert planned_virtualenv(project, tmp_path / "venvs", "3.11") == first  # caches do not count
+    # The program's own directory inside the installed tree: the stack's settings the operator writes
+    # there do not count either.
+    tree = _project(repo / "programs" / "app", "python", "pulumi==3.259.0\n../..  # the whole repository\n")
+    whole = planned_virtualenv(tree, tmp_path / "venvs", "3.11")
+    (tree / "Pulumi.dev.yaml").write_text("config:\n  app:backend: file:///home/a\n")
+    assert planned_virtualenv(tree, tmp_path / "venvs", "3.11") == whole
     (library / "mod.py").write_text("VALUE = 2\n")
     assert planned_virtualenv(project, tmp_path / "venvs", "3.11") != first  # a new commit of the library does
+    assert planned_virtualenv(tree, tmp_path / "venvs", "3.11") != whole
 
 
 def test_local_requirement_forms(tmp_path):

@@ -101,12 +101,16 @@ def local_source_dirs(pyproject: str, project_dir: Path) -> list[Path]:
     return found
 
 
-def tree_digest(root: Path) -> bytes:
-    """The content of a source tree (paths and bytes), without VCS data, caches and virtualenvs."""
+def tree_digest(root: Path, program_dir: Path | None = None) -> bytes:
+    """The content of a source tree (paths and bytes), without VCS data, caches and virtualenvs, nor the
+    program's own directory when the tree holds it (`../..`, the repository): the operator writes the
+    Stack's settings into that directory, which would otherwise make every update a new environment."""
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         relative = path.relative_to(root)
         if any(part in SKIPPED_DIRS or part.endswith(".egg-info") for part in relative.parts):
+            continue
+        if program_dir is not None and program_dir != root and path.is_relative_to(program_dir):
             continue
         if path.is_file() and not path.is_symlink():
             digest.update(str(relative).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -148,7 +152,7 @@ def planned_virtualenv(project_dir: Path, venvs_root: Path, python_version: str)
     chosen, text, local = declared
     # The toolchain is part of the key: an environment pip built is not what uv would build, and back.
     return venvs_root / requirements_key(chosen.encode() + b"\0" + text, python_version,
-                                         b"".join(tree_digest(d) for d in local))
+                                         b"".join(tree_digest(d, project_dir.resolve()) for d in local))
 
 
 def use_virtualenv(project_file_path: Path, venv: Path) -> None:
