@@ -7,7 +7,8 @@ import sys
 import time
 
 from strata_operator.engine.process import bytecode
-from strata_operator.engine.process.bytecode import compile_store, install_store, prune, site_packages
+from strata_operator.engine.process.bytecode import (compile_store, imported_list, install_store, prune, record_imported,
+                                                    site_packages)
 from strata_operator.engine.process.virtualenvs import ensure_virtualenv
 
 
@@ -19,13 +20,18 @@ def _imports(site, module: str) -> tuple[str, str]:
     return done.stdout.strip(), "\n".join(line for line in done.stderr.splitlines() if f"{module}." in line)
 
 
-def test_an_environment_gets_the_bytecode_of_its_key_and_python_uses_it(tmp_path):
+def test_an_environment_gets_the_bytecode_its_key_imported_and_python_uses_it(tmp_path):
     def project(stack: str):  # each Stack's own copy of the same program
         path = tmp_path / stack / "src"
         path.mkdir(parents=True)
         (path / "Pulumi.yaml").write_text("name: app\nruntime: python\n")
         (path / "requirements.txt").write_text("# nothing beyond the seeded pip\n")
         return path
+
+    def run(venv, code: str) -> str:  # the program's run: Python writes the bytecode of what it imports
+        return subprocess.run([str(venv / "bin" / "python"), "-v", "-c", code], capture_output=True, text=True,
+                              check=True, env={"PATH": os.defpath}).stderr
+
     cache = tmp_path / "uv-bytecode"
     first = ensure_virtualenv(project("stack-a"), tmp_path / "stack-a" / "venvs", tmp_path / "uv", bytecode=cache)
     store = cache / first.name
@@ -34,14 +40,36 @@ def test_an_environment_gets_the_bytecode_of_its_key_and_python_uses_it(tmp_path
         time.sleep(0.2)
     assert store.is_dir(), "the key's bytecode was never compiled"
     assert not list(cache.glob(".*.partial"))
-    # Another Stack's environment of the same key: its pip comes with bytecode Python accepts as is.
+    run(first, "import pip")
+    record_imported(first, cache)
+    imported = imported_list(cache, first.name)
+    assert any(name.startswith("pip/__pycache__/__init__.") for name in imported)
+    assert not any(name.startswith("pip/_internal/commands/") for name in imported)
+    # Another Stack's environment of the same key gets the store's bytecode of those modules, no other,
+    # and Python accepts it as it is.
     second = ensure_virtualenv(project("stack-b"), tmp_path / "stack-b" / "venvs", tmp_path / "uv", bytecode=cache)
     assert second.name == first.name and second != first
-    pyc = next((site_packages(second) / "pip" / "__pycache__").glob("__init__.*.pyc"))
-    assert int.from_bytes(pyc.read_bytes()[4:8], "little") == 0b11  # checked-hash
-    verbose = subprocess.run([str(second / "bin" / "python"), "-v", "-c", "import pip"], capture_output=True,
-                             text=True, check=True, env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": os.defpath}).stderr
-    assert f"{pyc} matches" in verbose
+    site = site_packages(second)
+    assert not list((site / "pip" / "_internal" / "commands").glob("__pycache__/*.pyc"))
+    pyc = next((site / "pip" / "__pycache__").glob("__init__.*.pyc"))
+    assert int.from_bytes(pyc.read_bytes()[4:8], "little") == 0b11  # checked-hash, from the store
+    assert f"{pyc} matches" in run(second, "import pip")
+    # What its program imports beyond the list joins it.
+    run(second, "import pip._internal.commands.download")
+    record_imported(second, cache)
+    assert any(name.startswith("pip/_internal/commands/") for name in imported_list(cache, first.name))
+
+
+def test_an_environment_given_the_whole_store_records_nothing(tmp_path):
+    site = tmp_path / "venvs" / "key1" / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "mod.py").write_text("VALUE = 1\n")
+    compile_store(site, tmp_path / "cache" / "key1")
+    assert bytecode.share_bytecode(tmp_path / "venvs" / "key1", tmp_path / "cache") == "all"
+    assert (site / "__pycache__" / f"mod.{sys.implementation.cache_tag}.pyc").is_file()
+    # Every module's bytecode is there, imported or not: nothing can be learnt from it.
+    record_imported(tmp_path / "venvs" / "key1", tmp_path / "cache")
+    assert imported_list(tmp_path / "cache", "key1") == set()
 
 
 def test_bytecode_of_a_rewritten_source_is_not_used_by_another_environment(tmp_path):
@@ -64,14 +92,16 @@ def test_the_compile_runs_once_per_key_without_the_stacks_environment(tmp_path, 
     started = []
     monkeypatch.setattr(bytecode.subprocess, "Popen", lambda args, **kwargs: started.append((args, kwargs)))
     monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "not-for-the-compile")
-    venv, cache = tmp_path / "venvs" / "key1", tmp_path / "uv-bytecode"
-    assert bytecode.share_bytecode(venv, cache) is False
+    venv, other, cache = tmp_path / "venvs" / "key1", tmp_path / "other" / "key1", tmp_path / "uv-bytecode"
+    venv.mkdir(parents=True)
+    other.mkdir(parents=True)
+    assert bytecode.share_bytecode(venv, cache) == "none"
     (args, kwargs), = started
     assert args[-2:] == [str(site_packages(venv)), str(cache / "key1")]
     assert set(kwargs["env"]) == {"PATH", "PYTHONPATH"} and kwargs["start_new_session"]
     # While that compile runs (its partial store is there), another environment of the key starts none.
     (cache / f".key1.{12345}.partial").mkdir()
-    assert bytecode.share_bytecode(tmp_path / "other" / "key1", cache) is False
+    assert bytecode.share_bytecode(other, cache) == "none"
     assert len(started) == 1
 
 

@@ -36,6 +36,7 @@ from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, Stack
 from ...api.status import PULUMI_VERSION_TOO_LOW, STACK_NOT_FOUND, WORKSPACE_FAILED, is_update_of
 from ...decisions.outputs import output_digests, outputs_digest
 from ...services.redaction import Redactor
+from .bytecode import record_imported
 from .executor import IMAGE_PULUMI_VERSION, RESULT_PREFIX
 from .plugins import cached_plugins, link_plugins, missing_plugin, missing_plugin_advice
 from .virtualenvs import PythonEnvError, ensure_virtualenv
@@ -462,6 +463,7 @@ class EnvironmentBuild:
         self.project_dir, self.cache, self.bytecode, self.seconds = project_dir, cache, bytecode, seconds
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
+        self.venv: Path | None = None
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._build, name="environment", daemon=True)
@@ -471,8 +473,8 @@ class EnvironmentBuild:
         started = time.monotonic()
         try:
             # HOME is the Stack's own directory (executor.AutomationEngine.worker_env).
-            ensure_virtualenv(self.project_dir, Path(os.environ["HOME"]).parent / "venvs", self.cache,
-                              bytecode=self.bytecode)
+            self.venv = ensure_virtualenv(self.project_dir, Path(os.environ["HOME"]).parent / "venvs", self.cache,
+                                          bytecode=self.bytecode)
         except BaseException as err:  # noqa: BLE001 - handed to the thread that waits for it
             self.error = err
         self.seconds["environment"] = round(time.monotonic() - started, 3)
@@ -486,6 +488,12 @@ class EnvironmentBuild:
         self.join()
         if self.error is not None:
             raise self.error
+
+    def record_imported(self) -> None:
+        """After the program ran: what it imported, for its key's next environments (bytecode.py)."""
+        if self.venv is not None and self.bytecode is not None:
+            with contextlib.suppress(OSError):
+                record_imported(self.venv, self.bytecode)
 
 
 def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: dict[str, float]) -> dict[str, Any]:
@@ -508,6 +516,7 @@ def _run(request: dict[str, Any], pulumi_command: auto.PulumiCommand, seconds: d
         return _run_operation(request, pulumi_command, workdir, environment)
     finally:
         environment.join()
+        environment.record_imported()
 
 
 def _run_operation(request: dict[str, Any], pulumi_command: auto.PulumiCommand, workdir: str,
