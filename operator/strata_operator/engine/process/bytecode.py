@@ -3,8 +3,9 @@
 uv copies a package's files from its cache but no bytecode, so a new environment's first update compiled
 every module its program imports (1.6 s of CPU for a layer importing pulumi_kubernetes, on `make up`'s
 critical path twice). The first environment of a key is compiled once, in the background at the lowest
-priority, into a store beside uv's cache; every later environment of that key (another Stack, a new
-operator home) gets a copy of the store before its program first runs.
+priority, into a store beside uv's cache. After each update the names of the modules the program
+imported join the key's list (the .pyc files Python wrote); every later environment of that key (another
+Stack, a new operator home) gets a copy of the store's bytecode for those, before its program first runs.
 
 The store's files are checked-hash .pyc files: Python uses one only if the hash it records is the hash of
 the source beside it, whatever the files' times. So a program that rewrote a source of its own
