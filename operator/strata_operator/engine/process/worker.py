@@ -29,9 +29,9 @@ from urllib.parse import unquote, urlparse
 
 import yaml
 from pulumi import automation as auto
-from semver import VersionInfo
 from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, StackAlreadyExistsError, StackNotFoundError,
                                       create_command_error)
+from semver import VersionInfo
 
 from ...api.status import PULUMI_VERSION_TOO_LOW, STACK_NOT_FOUND, WORKSPACE_FAILED, is_update_of
 from ...decisions.outputs import output_digests, outputs_digest
