@@ -17,10 +17,13 @@ import http.client
 import ipaddress
 import json
 import re
+import time
 import urllib.parse
 import xml.etree.ElementTree as ElementTree
 
 REGION = "us-east-1"
+# How long a store that answers 503 (not ready, slow down) is asked again.
+UNAVAILABLE_RETRY_SECONDS = 15.0
 STS_VERSION = "2011-06-15"
 # The Pulumi backend's environment variables for S3 credentials (the AWS SDK's).
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -130,12 +133,21 @@ def team_bucket(platform_bucket: str, team: str, field: str) -> str:
     return name
 
 
-def ensure_bucket(endpoint: str, bucket: str, credentials: Credentials) -> None:
-    """Create `bucket` unless it exists; an S3Error naming the bucket and the store's answer otherwise."""
-    status, body = request(endpoint, "HEAD", f"/{bucket}", credentials)
-    if status == 200:
-        return
-    status, body = request(endpoint, "PUT", f"/{bucket}", credentials)
+def ensure_bucket(endpoint: str, bucket: str, credentials: Credentials,
+                  unavailable_seconds: float = UNAVAILABLE_RETRY_SECONDS) -> None:
+    """Create `bucket` unless it exists; an S3Error naming the bucket and the store's answer otherwise.
+    A 503 is asked again for `unavailable_seconds`, as AWS's SDKs do: MinIO answers one
+    (XMinioServerNotInitialized) for a moment after its readiness check passed."""
+    deadline = time.monotonic() + unavailable_seconds
+    while True:
+        status, body = request(endpoint, "HEAD", f"/{bucket}", credentials)
+        if status == 200:
+            return
+        if status != 503:
+            status, body = request(endpoint, "PUT", f"/{bucket}", credentials)
+        if status != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     # 409 BucketAlreadyOwnedByYou: created meanwhile.
     if status != 200 and error_code(body) != "BucketAlreadyOwnedByYou":
         raise S3Error(f"creating bucket {bucket!r} in {endpoint} answered {status} ({error_code(body)}); fix: "
