@@ -27,8 +27,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from strata_operator.engine.process.executor import IMAGE_PULUMI_VERSION
-
 from . import preflight
 from .progress import Say, format_seconds, stderr_say, step
 from .realnode import PAUSE_IMAGE
@@ -368,8 +366,7 @@ def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiIn
             entrypoint=["python", "-m", "strata_operator"], user=str(OPERATOR_USER), workdir="/home/strata",
             env={"PATH": "/opt/strata/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/home/strata",
                  "PULUMI_HOME": IMAGE_PULUMI_HOME,
-                 "STRATA_OPERATOR_STATE": "/home/strata/state", "PYTHONDONTWRITEBYTECODE": "1",
-                 IMAGE_PULUMI_VERSION: _cli_version(toolchain.bin("pulumi"))},
+                 "STRATA_OPERATOR_STATE": "/home/strata/state", "PYTHONDONTWRITEBYTECODE": "1"},
             layer_digests=[f"sha256:{_sha256_file(path)}" for path in layers], ports=(8383, 8384))
         with step("writing the image archive", say):
             write_oci_archive(layers, config, name, out)
@@ -379,16 +376,6 @@ def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiIn
     say(f"operator image {name} built in {format_seconds(time.monotonic() - started)} "
         f"({out.stat().st_size // (1 << 20)} MiB): {out}")
     return ImageArchive(name, out)
-
-
-def _cli_version(pulumi: Path) -> str:
-    """What `pulumi version` prints for the CLI the image carries, asked once here rather than in every pod."""
-    done = subprocess.run([str(pulumi), "version"], capture_output=True, text=True, check=False,
-                          env={"PATH": "/usr/bin:/bin", "PULUMI_SKIP_UPDATE_CHECK": "true"})
-    if done.returncode != 0 or not done.stdout.strip():
-        raise ImageError(f"`{pulumi} version` failed: {(done.stderr or done.stdout).strip()[-300:]}; "
-                         "fix: rebuild it with `strata local toolchain --rebuild pulumi`")
-    return done.stdout.strip()
 
 
 def load_image(archive: ImageArchive, containerd_socket: Path) -> None:
