@@ -19,8 +19,8 @@ from .decisions.lease import DEFAULT_LEASE_NAME
 from .decisions.planning import DEFAULT_STALL_AFTER_FAILURES
 from .engine.pod.executor import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
 from .engine.port import EngineUnavailable
-from .engine.process.executor import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
 from .engine.process.bytecode import bytecode_cache_beside
+from .engine.process.executor import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
 from .engine.process.plugins import default_plugin_cache
 from .engine.process.virtualenvs import default_python_cache
 from .services.flux_events import check_address

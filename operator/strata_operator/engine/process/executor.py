@@ -25,8 +25,8 @@ from pathlib import Path
 
 from ...services.redaction import redact
 from ..port import EngineUnavailable, Operation, SerializedEngine, UpdateRequest, UpdateResult
-from .plugins import ambient_plugin_dirs, ambient_plugins, cached_plugins, default_plugin_cache
 from .bytecode import bytecode_cache_beside
+from .plugins import ambient_plugin_dirs, ambient_plugins, cached_plugins, default_plugin_cache
 from .virtualenvs import default_python_cache
 
 RESULT_PREFIX = "STRATA-RESULT "
