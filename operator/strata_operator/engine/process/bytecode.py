@@ -68,8 +68,12 @@ def share_bytecode(venv: Path, cache: Path) -> str:
     return got
 
 
+def _imported_path(cache: Path, key: str) -> Path:
+    return cache / f"{key}{IMPORTED_SUFFIX}"
+
+
 def imported_list(cache: Path, key: str) -> set[str]:
-    listed = cache / f"{key}{IMPORTED_SUFFIX}"
+    listed = _imported_path(cache, key)
     return set(filter(None, listed.read_text().splitlines())) if listed.is_file() else set()
 
 
@@ -86,7 +90,7 @@ def record_imported(venv: Path, cache: Path) -> None:
                for name in files if name.endswith(".pyc")}
     known = imported_list(cache, venv.name)
     if written - known:
-        listed = cache / f"{venv.name}{IMPORTED_SUFFIX}"
+        listed = _imported_path(cache, venv.name)
         partial = listed.with_name(f".{listed.name}.{os.getpid()}")
         partial.write_text("".join(f"{name}\n" for name in sorted(written | known)))
         partial.replace(listed)
@@ -146,7 +150,7 @@ def prune(cache: Path, kept: int = KEPT_STORES) -> None:
                     key=lambda path: path.stat().st_mtime, reverse=True)
     for stale in stores[kept:]:
         shutil.rmtree(stale, ignore_errors=True)
-        stale.with_name(f"{stale.name}{IMPORTED_SUFFIX}").unlink(missing_ok=True)
+        _imported_path(cache, stale.name).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
