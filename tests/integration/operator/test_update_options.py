@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+from strata_components.local.processes import wait_until
+
 from .conftest import MIN_RESYNC_SECONDS, PASSPHRASE, eventually_constant, has_condition, stash_program, stash_project
 
 
@@ -129,6 +131,10 @@ def test_preview_stack_creates_nothing_until_preview_is_turned_off(stacks, pulum
     assert stashes(pulumi_cli, "previewed")["colour"]["inputs"]["input"] == "blue"
 
 
+def _updates(pulumi_cli, project: str, stack: str) -> list[dict]:
+    return [e for e in history(pulumi_cli, project, stack) if e["kind"] == "update"]
+
+
 def _resync_runs(stacks, name: str) -> int:
     return sum(1 for e in stacks.events(name, "StackUpdateDetected") if "Resync time elapsed" in e.message)
 
@@ -145,13 +151,14 @@ def test_continue_resync_on_commit_match_reruns_an_unchanged_branch(stacks, loca
     # With the flag, every resync period (here the operator's 3 s floor) re-runs the same commit.
     stacks.wait("resyncing", lambda o: _resync_runs(stacks, "resyncing") >= 2, 30 * MIN_RESYNC_SECONDS + 60,
                 "two resync re-runs of the unchanged branch head")
+    # Each re-run is a real update in the backend. The second re-run's Event comes as it starts, while
+    # the Stack still shows the first re-run's Ready: wait for its update to be recorded.
+    wait_until(lambda: len(_updates(pulumi_cli, "resynced", "resyncing")) >= 3, 60,
+               "the second re-run's update in the backend's history", interval=1)
     obj = stacks.wait_ready("resyncing", 90)
     assert obj["status"]["lastUpdate"]["lastSuccessfulCommit"] == first["lastSuccessfulCommit"]
     assert obj["status"]["lastUpdate"]["name"] != first["name"]
     assert obj["status"]["outputs"] == {"colour": "blue"}
-    # Each re-run is a real update in the backend.
-    updates = [e for e in history(pulumi_cli, "resynced", "resyncing") if e["kind"] == "update"]
-    assert len(updates) >= 3
 
     # Without it, the same unchanged head ran once and stays that way.
     assert stacks.runs("quiet") == 1
