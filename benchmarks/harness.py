@@ -116,6 +116,59 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu() -> dict[int, tuple[str, float]]:
+    """Every process on the host: pid -> (its name, comm, and its own CPU seconds so far, utime+stime)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            found[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return found
+
+
+class CpuByProcess(threading.Thread):
+    """The host's CPU seconds during a phase by process name, from /proc every `interval` seconds (a read
+    costs about 5 ms of CPU per 70 processes, 25 ms with 50 workspace pods' processes; it shows in the
+    figures as the benchmark's own). A process that starts and ends between two reads is missed: the
+    figures say where the CPU went, not all of it (the machine's total is `cpu_times`); `names` renames
+    pids (the operator's own process is `python` like its workers)."""
+
+    def __init__(self, names: dict[int, str], interval: float = 1.0):
+        super().__init__(daemon=True)
+        self.names, self.interval, self.stopping = names, interval, threading.Event()
+        self.baseline = {pid: cpu for pid, (_, cpu) in process_cpu().items()}
+        self.latest: dict[int, tuple[str, float]] = {}
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.interval):
+            self.latest.update(process_cpu())
+
+    def seconds(self) -> dict[str, float]:
+        """Stop, then the CPU seconds per process name since this was made, largest first."""
+        self.stopping.set()
+        self.join()
+        self.latest.update(process_cpu())
+        totals: Counter = Counter()
+        for pid, (name, cpu) in self.latest.items():
+            totals[self.names.get(pid, name)] += cpu - self.baseline.get(pid, 0.0)
+        return {name: round(cpu, 1) for name, cpu in totals.most_common() if cpu >= 0.05}
+
+
+def node_pods_cpu_seconds(platform: LocalPlatform) -> float:
+    """CPU seconds of all pods on the platform's real node so far, from the kubelet's cgroup root (exact:
+    it holds short-lived processes too). cgroups v1 (cpuacct, nanoseconds) or v2 (cpu.stat, microseconds)."""
+    root = realnode.load_node(realnode.node_dirs(platform.state)[0]).cgroup_root.lstrip("/")
+    v1 = Path("/sys/fs/cgroup/cpuacct", root, "cpuacct.usage")
+    if v1.is_file():
+        return int(v1.read_text()) / 1e9
+    stat = dict(line.split() for line in Path("/sys/fs/cgroup", root, "cpu.stat").read_text().splitlines())
+    return int(stat["usage_usec"]) / 1e6
+
+
 class StackWatch(threading.Thread):
     """Every write to a Stack in the namespace, from a resourceVersion watch: when each Stack was first
     seen Ready, and the time of every MODIFIED event, split into status writes (the status changed) and
