@@ -352,7 +352,7 @@ def test_a_starting_pods_agent_is_asked_directly_once_its_container_runs():
 
 
 def test_the_wait_for_a_new_pod_ends_when_its_agent_answers_before_the_kubelet_says_ready(tmp_path, monkeypatch):
-    """The kubelet's readiness probe runs every 2 s and its status write comes after: the operator asks the
+    """The kubelet's readiness probe runs every 10 s and its status write comes after: the operator asks the
     agent itself (backing off from PROBE_SECONDS) once the container runs, and reads the pod meanwhile only to see it fail."""
     monkeypatch.setattr(pod_executor, "PROBE_SECONDS", 0.001)
     monkeypatch.setattr(pod_executor, "POLL_SECONDS", 0.001)

@@ -40,7 +40,9 @@ from .workspace_pod import (AGENT_PORT, WorkspaceCredentials, WorkspaceNames, Wo
                             build_agent_secret, build_service_account, build_workspace_pod, last_termination,
                             mint_credentials, pod_problem, pod_ready, restarted, spec_hash)
 
-POLL_SECONDS = 0.5
+# A pod whose container has not started yet is read again after POLL_SECONDS, then twice as long each time
+# up to POLL_MAX_SECONDS: 50 pods starting on one busy node waited minutes, read twice a second each.
+POLL_SECONDS, POLL_MAX_SECONDS = 0.5, 2.0
 # A starting pod whose agent runs: its /healthz is asked after 0.1 s, then twice as long each time up to
 # 1 s (on a busy node an agent takes tens of seconds to start: with 50 pods asked every 0.1 s the operator
 # spent 22.9 s of CPU on a fill, 11.0 s so), and the pod is read again after every PROBE_READ_SECONDS of asking.
@@ -381,7 +383,7 @@ class PodEngine(SerializedEngine):
         status write."""
         name = pod["metadata"]["name"]
         deadline = time.monotonic() + self.workspace.start_timeout_seconds
-        delay = PROBE_SECONDS
+        delay, poll = PROBE_SECONDS, POLL_SECONDS
         while True:
             if pod_ready(pod) and (pod.get("status") or {}).get("podIP"):
                 return pod
@@ -402,7 +404,8 @@ class PodEngine(SerializedEngine):
                                      f"{self.workspace.start_timeout_seconds:g}s (phase "
                                      f"{(pod.get('status') or {}).get('phase', 'unknown')})")
             if not agent_started(pod):
-                await asyncio.sleep(POLL_SECONDS)
+                await asyncio.sleep(poll)
+                poll = min(2 * poll, POLL_MAX_SECONDS)
             fresh = await self.kube.get_pod(namespace, name)
             if fresh is None:
                 raise WorkspaceError(f"the workspace pod {namespace}/{name} was deleted while starting")
