@@ -320,6 +320,8 @@ def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiIn
 
     `install`: the language host and plugins of the user's Pulumi install to carry (user_pulumi_install();
     the toolchain builds neither). Without them the image runs YAML programs and inline Python only."""
+    # Here, not at the top: the strata CLI imports this module at every start, and the executor is heavy.
+    from strata_operator.engine.process.executor import IMAGE_PULUMI_VERSION
     if not (ROOT / "pyproject.toml").exists():
         raise ImageError(f"the operator image is built from a checkout of this project (no pyproject.toml in {ROOT}); "
                          "fix: run `strata image build` from the repository's virtualenv (make image)")
@@ -366,7 +368,8 @@ def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiIn
             entrypoint=["python", "-m", "strata_operator"], user=str(OPERATOR_USER), workdir="/home/strata",
             env={"PATH": "/opt/strata/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/home/strata",
                  "PULUMI_HOME": IMAGE_PULUMI_HOME,
-                 "STRATA_OPERATOR_STATE": "/home/strata/state", "PYTHONDONTWRITEBYTECODE": "1"},
+                 "STRATA_OPERATOR_STATE": "/home/strata/state", "PYTHONDONTWRITEBYTECODE": "1",
+                 IMAGE_PULUMI_VERSION: _cli_version(toolchain.bin("pulumi"))},
             layer_digests=[f"sha256:{_sha256_file(path)}" for path in layers], ports=(8383, 8384))
         with step("writing the image archive", say):
             write_oci_archive(layers, config, name, out)
@@ -376,6 +379,16 @@ def build_operator_image(toolchain: Toolchain, install: PulumiInstall = PulumiIn
     say(f"operator image {name} built in {format_seconds(time.monotonic() - started)} "
         f"({out.stat().st_size // (1 << 20)} MiB): {out}")
     return ImageArchive(name, out)
+
+
+def _cli_version(pulumi: Path) -> str:
+    """What `pulumi version` prints for the CLI the image carries, asked once here rather than in every pod."""
+    done = subprocess.run([str(pulumi), "version"], capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin", "PULUMI_SKIP_UPDATE_CHECK": "true"})
+    if done.returncode != 0 or not done.stdout.strip():
+        raise ImageError(f"`{pulumi} version` failed: {(done.stderr or done.stdout).strip()[-300:]}; "
+                         "fix: rebuild it with `strata local toolchain --rebuild pulumi`")
+    return done.stdout.strip()
 
 
 def load_image(archive: ImageArchive, containerd_socket: Path) -> None:

@@ -3,6 +3,7 @@ record of which backend stack is known to exist, what a failure reports. The rea
 tests/engine/operator."""
 
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ from pulumi.automation.errors import StackNotFoundError
 
 from strata_operator.api.status import update_message
 from strata_operator.engine.process import worker
+from strata_operator.engine.process.executor import IMAGE_PULUMI_VERSION
 from strata_operator.engine.process.virtualenvs import PythonEnvError
 from strata_operator.engine.process.worker import (EnvironmentBuild, KnownStack, UpdateBlocked, _ensure_file_backend,
                                                    _event_log_results, _holds_secret, _on_stack, _secrets_settings,
@@ -345,3 +347,15 @@ def test_every_operation_that_loads_the_states_providers_gets_the_programs_envir
     worker._run({"operation": operation, "plugin_cache": str(tmp_path), "plugin_dirs": [], "create": False,
                  "python_cache": str(tmp_path / "cache")}, None, {})
     assert bool(built) is builds
+
+
+def test_a_cli_version_the_image_records_is_not_asked_of_the_cli(monkeypatch):
+    def ran_the_cli(*args, **kwargs):
+        raise AssertionError(f"ran {args}")
+    monkeypatch.setattr(subprocess, "check_output", ran_the_cli)
+    known = worker.pulumi_command_for({IMAGE_PULUMI_VERSION: "v3.259.0"})
+    assert (known.command, str(known.version)) == ("pulumi", "3.259.0")
+    # Elsewhere (the operator's host, a foreign workspace image) the Automation API asks `pulumi version`.
+    monkeypatch.setattr(subprocess, "check_output", lambda args, **kwargs: b"v3.200.1\n")
+    asked = worker.pulumi_command_for({})
+    assert (type(asked), str(asked.version)) == (auto.PulumiCommand, "3.200.1")

@@ -12,7 +12,7 @@ import pytest
 from strata_operator.engine.pod.agent import agent_engine_settings, cgroup_memory_limit, cgroup_oom_kills
 from strata_operator.engine.pod.bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
 from strata_operator.engine.port import UpdateRequest
-from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
+from strata_operator.engine.process.executor import IMAGE_PULUMI_VERSION, AutomationEngine, EngineSettings
 from strata_operator.main import build_parser, workspace_settings
 from strata_operator.engine.pod import executor as pod_executor
 from strata_operator.engine.pod.executor import PodEngine, Workspace, WorkspaceSettings, source_archive
@@ -259,9 +259,12 @@ def test_updates_in_a_workspace_pod_run_in_the_pods_own_environment(tmp_path):
     # A Python program's environment is built with uv's cache on the workspace volume, the one writable place.
     assert settings.python_cache == tmp_path / "workspace" / "uv"
     # The operator image's own agent: no bundle, its own python; the plugins its PULUMI_HOME carries.
-    own = agent_engine_settings({"PATH": str(bin_dir), "PULUMI_HOME": "/opt/pulumi"}, tmp_path / "w")
+    own = agent_engine_settings({"PATH": str(bin_dir), "PULUMI_HOME": "/opt/pulumi",
+                                 IMAGE_PULUMI_VERSION: "v3.259.0"}, tmp_path / "w")
     assert own.python_command == ()
     assert own.plugin_cache == Path("/opt/pulumi/plugins")
+    # Its CLI's version is what the image records; a foreign image's is asked of the CLI.
+    assert (own.pulumi_version, settings.pulumi_version) == ("v3.259.0", "")
 
 
 

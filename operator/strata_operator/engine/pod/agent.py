@@ -36,7 +36,7 @@ from ...api.workspace_values import ConfigItem, ConfigUnavailable, MountedRefs, 
 from ...services.redaction import REDACTOR, install_log_redaction
 from ...sources.archive import SourceError, safe_extract
 from ..port import EngineUnavailable, Operation, UpdateRequest, UpdateResult
-from ..process.executor import AutomationEngine, EngineSettings
+from ..process.executor import IMAGE_PULUMI_VERSION, AutomationEngine, EngineSettings
 from ..process.plugins import default_plugin_cache
 from .bundle import BUNDLE_ENV, launcher
 from .workspace_pod import RESOURCES_FIELD_ENV, RefUnavailable, resolve_in_workspace
@@ -237,7 +237,9 @@ def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) ->
         # One environment per pod: a store would be compiled (9 s of CPU) for that environment alone.
         bytecode_cache=None,
         inherited_env={name: value for name, value in environ.items() if not name.startswith("STRATA_")},
-        python_command=tuple(launcher(Path(bundle))) if bundle else ())
+        python_command=tuple(launcher(Path(bundle))) if bundle else (),
+        # Set by the operator's image only, whose CLI is the one on PATH.
+        pulumi_version=environ.get(IMAGE_PULUMI_VERSION, ""))
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,13 @@ import yaml
 from pulumi import automation as auto
 from pulumi.automation.errors import (CommandError, ConcurrentUpdateError, StackAlreadyExistsError, StackNotFoundError,
                                       create_command_error)
+from semver import VersionInfo
 
 from ...api.status import PULUMI_VERSION_TOO_LOW, STACK_NOT_FOUND, WORKSPACE_FAILED, is_update_of
 from ...decisions.outputs import output_digests, outputs_digest
 from ...services.redaction import Redactor
 from .bytecode import record_imported
-from .executor import RESULT_PREFIX
+from .executor import IMAGE_PULUMI_VERSION, RESULT_PREFIX
 from .plugins import cached_plugins, link_plugins, missing_plugin, missing_plugin_advice
 from .virtualenvs import PythonEnvError, ensure_virtualenv
 
@@ -736,6 +737,20 @@ def _serve_one(conn: socket.socket, pulumi_command: auto.PulumiCommand) -> None:
     sys.stdout.flush()
 
 
+class KnownVersionPulumiCommand(auto.PulumiCommand):
+    """The `pulumi` on PATH, whose version is already known: PulumiCommand's constructor runs `pulumi
+    version` to learn it, a CLI start (0.4 s of CPU) in every workspace pod, for what the image records."""
+
+    def __init__(self, version: str):  # noqa: the parent's __init__ is the CLI run this saves
+        self.command = "pulumi"
+        self.version = VersionInfo.parse(version.removeprefix("v"))
+
+
+def pulumi_command_for(environ: Mapping[str, str]) -> auto.PulumiCommand:
+    known = environ.get(IMAGE_PULUMI_VERSION, "")
+    return KnownVersionPulumiCommand(known) if known else auto.PulumiCommand()
+
+
 def serve(socket_path: str) -> int:
     """The fork server: imports and the CLI's version probe paid once; each connection is one request,
     run in a child forked for it (milliseconds, where a new interpreter costs ~0.3 s of CPU).
@@ -744,7 +759,7 @@ def serve(socket_path: str) -> int:
     the children inherit. It exits when the operator goes away (its stdin closes).
     """
     os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
-    pulumi_command = auto.PulumiCommand()
+    pulumi_command = pulumi_command_for(os.environ)
     Path(socket_path).unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # only the operator's user may connect
