@@ -9,21 +9,22 @@ p50/p95, peak RSS of the operator process and of all its children (workers and p
 operator process's CPU seconds during the fill and during the idle window, and, while idle for --idle
 seconds after that, engine runs (must be 0) and the writes the operator makes to Stacks, counted from a
 watch (every write is one MODIFIED event; a changed status is a status patch), per minute (must be 0,
-or at least flat). With the process executor the same run first measures the floor: the same N first
-updates as bare `pulumi stack init` + `pulumi up` CLI runs (the CLI, PATH and PULUMI_HOME plugins the
-operator's workers get, each in a project directory of its own on fresh file:// backends spread like
---backends), as many at once as the operator's concurrency, timed to all done; the operator's all-Ready
-time over it is the floor ratio (issue #30's goal: at most 1.15; --no-floor skips it). With --executor pod
-the floor runs as many at once as the pod executor does (one workspace pod per Stack). The fill's CPU is
-also broken down by process name (sampled from /proc: the pulumi CLI, language hosts, Python, kubelet,
-containerd, API server...) and, with pods, the pods' exact total from the node's cgroup. The CPU is utime+stime of the operator process itself from /proc/<pid>/stat: its
-workers and pulumi CLIs are children of its fork server, reaped there rather than by the operator, so
-their CPU is not in the operator's cutime/cstime and is not counted. With --json, the figures and the raw series (every latency, memory
-sampled every half second) go to that file for benchmarks/charts.py. The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
-children peaking at 1.25 GB, 0 runs idle. With --executor pod the Stacks' updates run in workspace pods on one
-real node (their children are the pods' processes, not the operator's: the pods' own RSS is reported), and then
---rounds updates of the same Stacks are timed under each executor, interleaved, against a second operator
-(process executor) on another namespace of the same platform.
+or at least flat). The same run first measures the floor: the same N first updates as bare `pulumi stack
+init` + `pulumi up` CLI runs (the CLI, PATH and PULUMI_HOME plugins the operator's workers get, each in a
+project directory of its own on fresh file:// backends spread like --backends), as many at once as the
+operator runs them (its --concurrency; with --executor pod one workspace pod per Stack, all at once),
+timed to all done; the operator's all-Ready time over it is the floor ratio (issue #30's goal for the
+process executor: at most 1.15; --no-floor skips it). The fill's CPU is broken down per Stack by process
+name (sampled from /proc: the pulumi CLI, language hosts, Python, kubelet, API server...) and, with pods,
+the pods' exact total from the node's cgroup. The operator's CPU is utime+stime of the operator process
+itself from /proc/<pid>/stat: its workers and pulumi CLIs are children of its fork server, reaped there
+rather than by the operator, so their CPU is not in the operator's cutime/cstime and is not counted.
+With --json, the figures and the raw series (every latency, memory sampled every half second) go to
+that file for benchmarks/charts.py. The peer, PKO v1.16 on this machine kind: 50 Stacks in 80 s,
+children peaking at 1.25 GB, 0 runs idle. With --executor pod the Stacks' updates run in workspace pods
+on one real node (their children are the pods' processes, not the operator's: the pods' own RSS is
+reported), and then --rounds updates of the same Stacks are timed under each executor, interleaved,
+against a second operator (process executor) on another namespace of the same platform.
 """
 
 from __future__ import annotations
