@@ -41,9 +41,9 @@ from pathlib import Path
 
 from kubernetes import client
 
-from harness import (GROUP, NAMESPACE, PASSPHRASE, VERSION, CpuByProcess, StackWatch, cpu_seconds, is_ready,
-                     node_pods_cpu_seconds, platform_with_operator, process_operator_beside, pss_tree_mb, rss_tree_mb,
-                     stash_program, workspace_agents)
+from harness import (GROUP, NAMESPACE, PASSPHRASE, VERSION, CpuByProcess, StackWatch, cpu_model, cpu_seconds,
+                     is_ready, node_pods_cpu_seconds, platform_with_operator, process_operator_beside, pss_tree_mb,
+                     rss_tree_mb, stash_program, workspace_agents)
 from strata_operator.api.program import program_project
 from strata_operator.engine.pod.executor import DEFAULT_POD_CONCURRENCY
 from strata_operator.engine.port import UpdateRequest
@@ -344,7 +344,7 @@ def main() -> None:
             "all_ready_seconds": round(all_ready, 2), "latency_seconds": sorted(round(value, 2) for value in latencies),
             "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
             "fill_status_writes": fill_writes[0], "fill_other_writes": fill_writes[1],
-            "load_average_1m_fill_end": load_fill_end, "cpus": os.cpu_count(),
+            "load_average_1m_fill_end": load_fill_end, "cpus": os.cpu_count(), "cpu_model": cpu_model(),
         }
         if args.json:  # the fill's figures now, so that a run stopped while idle still leaves them
             args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_model() -> str:
+    """The host's CPU model, and whether it has the SHA extensions: without them each of the pulumi CLI's
+    passphrase key derivations (PBKDF2-SHA256, 1,000,000 rounds) costs about 0.9 CPU-s here, a Stack's
+    first update two of them, so fleet figures from machines of different CPUs do not compare."""
+    info = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    return f"{model}, {'with' if ' sha_ni' in info else 'without'} SHA extensions"
+
+
 def process_cpu() -> dict[int, tuple[str, float]]:
     """Every process on the host: pid -> (its name, comm, and its own CPU seconds so far, utime+stime)."""
     found = {}
