@@ -44,8 +44,11 @@ async def unreachable(address: tuple[str, int], timeout: float = 5.0) -> str:
     """Why the address does not take a connection, or "" when it does."""
     host, port = address
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except asyncio.TimeoutError:
+        # Not asyncio.wait_for: on Python 3.11 it returns the connection when it is cancelled just as the
+        # connection comes (or fails), swallowing the cancel; a backend watch cancelled then probed forever.
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(host, port)
+    except TimeoutError:
         return f"no answer within {timeout:g}s"
     except socket.gaierror as err:
         return f"{host} does not resolve ({err.strerror})"
