@@ -111,9 +111,14 @@ def is_ready(stack: dict[str, Any]) -> bool:
                for c in (stack.get("status") or {}).get("conditions") or [])
 
 
+def _stat_cpu(stat: str) -> tuple[str, float]:
+    """(name, own CPU seconds: utime+stime) from the text of /proc/<pid>/stat."""
+    fields = stat[stat.rindex(")") + 2:].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu(Path(f"/proc/{pid}/stat").read_text())[1]
 
 
 def cpu_model() -> str:
@@ -131,11 +136,9 @@ def process_cpu() -> dict[int, tuple[str, float]]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                stat = (entry / "stat").read_text()
+                found[int(entry.name)] = _stat_cpu((entry / "stat").read_text())
             except OSError:
                 continue
-            name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-            found[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
     return found
 
 
