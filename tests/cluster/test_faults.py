@@ -254,5 +254,6 @@ def test_the_object_store_stopped_for_30_s_mid_update_is_said_while_it_lasts_and
         fleet.platform.up(say=print)
 
     fleet.wait_done(revision)
-    assert {e.involved_object.name for e in fleet.stack_events("BackendReachable", since=changed)} == set(STACKS)
+    assert {e.involved_object.name for e in fleet.stack_events("BackendReachable", since=changed)} == set(STACKS), \
+        fleet.describe()
     fleet.assert_each_stack_ran_once_and_left_no_lock(changed)

@@ -359,14 +359,18 @@ async def backend_watched(session: StackSession, backend: str, what: str):
         if watch.down and not await unreachable(address):
             # The run ended before the next probe saw the backend back: the pair of Events still closes.
             watch.reachable()
+        # Still away: the Stack's next run says when it is back.
+        session.watched.backend_down = watch.down
 
 
 class BackendWatch:
-    """A running update's backend, probed; an outage said once when it starts and once when it ends."""
+    """A running update's backend, probed; an outage said once when it starts and once when it ends, even
+    when the run it started in failed before the backend was back (the Stack's next run ends it)."""
 
     def __init__(self, session: StackSession, address: tuple[str, int], what: str):
         self.session, self.what, self.address = session, what, address
-        self.where, self.down, self.seen_down = f"{address[0]}:{address[1]}", False, False
+        self.where, self.seen_down = f"{address[0]}:{address[1]}", False
+        self.down = session.watched.backend_down
 
     async def run(self, every: float) -> None:
         while True:

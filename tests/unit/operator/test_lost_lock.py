@@ -145,3 +145,21 @@ def test_a_watch_remembers_its_backend_went_away_after_it_came_back(monkeypatch)
     watch.reachable()
     assert not watch.down and watch.seen_down
     assert events == [EVENT_BACKEND_UNREACHABLE, EVENT_BACKEND_REACHABLE]
+
+
+def test_an_outage_said_by_a_run_that_failed_is_ended_by_the_stacks_next_run(monkeypatch):
+    events = []
+    monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: events.append(reason))
+    s = session(RecordingEngine())
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        backend = f"s3://state?endpoint=127.0.0.1:{listening.getsockname()[1]}"
+        failed = asyncio.run(stack_update.run_watched(s, backend, "the up s-1",
+                                                      slowly(UpdateResult("failed", "the CLI gave up")),
+                                                      "strata-operator-0", 1700000000.0))
+        assert not failed.ok and events == [EVENT_BACKEND_UNREACHABLE] and s.watched.backend_down
+        listening.listen()  # the backend is back before the Stack's next run
+        asyncio.run(stack_update.run_watched(s, backend, "the up s-2", slowly(UpdateResult("succeeded")),
+                                             "strata-operator-0", 1700000100.0))
+    assert events == [EVENT_BACKEND_UNREACHABLE, EVENT_BACKEND_REACHABLE]
+    assert not s.watched.backend_down
