@@ -22,6 +22,7 @@ from ..engine.pod.workspace_pod import WORKSPACE_SUFFIX
 from ..engine.port import UpdateRequest
 from ..services.events import post_event
 from ..services.redaction import redact
+from .context import woken
 
 RETRY_SECONDS = (10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -60,8 +61,7 @@ class ObjectLoop:
             delay = await self.run(self.body)
             if delay == 0.0:
                 continue
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wakeup.wait(), timeout=delay)
+            await woken(self.wakeup, delay)
 
 
 @dataclasses.dataclass

@@ -4,6 +4,7 @@ memo (`Context`), the registry of live Stacks and what wakes each one, and the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from datetime import datetime, timezone
 from typing import Any
@@ -113,6 +114,14 @@ def in_shard(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> bool:
 def owned(ctx: "Context", body: Any) -> bool:
     """The same question inside a handler that sees every object."""
     return ctx.settings.shard.owns((body.get("metadata") or {}).get("labels"))
+
+
+async def woken(wakeup: asyncio.Event, seconds: float) -> None:
+    """Wait until `wakeup` is set or `seconds` have passed. Not `asyncio.wait_for`: on Python 3.11 it can
+    swallow the cancel that stops a loop waiting here, and the loop then runs on."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await wakeup.wait()
 
 
 def utc_now() -> datetime:

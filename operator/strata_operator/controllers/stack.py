@@ -10,7 +10,6 @@ finalizer (PKO's name, so PKO-managed Stacks carry over).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import time
 import uuid
@@ -36,7 +35,7 @@ from ..services.redaction import redact
 from ..sources.archive import SourceError
 from ..sources.flux import SourceNotReady
 from ..sources.references import RefError, Resolved, resolve_stack
-from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, stack_key, utc_now
+from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, stack_key, utc_now, woken
 from .stack_rollout import gate_on_rollout
 from .stack_session import (StackSession, materialise_program, source_revision, stack_state_dir, update_request,
                             wait_for_reference)
@@ -200,8 +199,7 @@ async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Me
                 delay = RETRY_REFS_SECONDS
             if delay == 0.0:
                 continue
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(watched.wakeup.wait(), timeout=delay)
+            await woken(watched.wakeup, delay)
     finally:
         on_stop.cancel()
         metrics.STACKS_ACTIVE.dec()
