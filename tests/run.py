@@ -60,6 +60,11 @@ def run_pytest(paths: list[str], extra: list[str],
     return code, counts
 
 
+def tier_minutes(durations: list[tuple[float, str]], tier: str) -> float:
+    """The minutes a tier's tests took, setup and teardown included."""
+    return sum(seconds for seconds, name in durations if name.startswith(f"tests.{tier}.")) / 60
+
+
 def missing_requirements(tier: str) -> list[str]:
     """What this machine lacks for a tier that needs more than the others (tests/<tier>/requirements.py)."""
     import importlib.util
@@ -96,7 +101,8 @@ def main() -> int:
             report.append(f"{tier:12} FAILED: no tests ran in tests/{tier} (an empty tier proves nothing)")
         else:
             failed |= tally["failed"] > 0
-            report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
+            report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
+                          f" ({tier_minutes(durations, tier):.1f} min)")
 
     for tier in ("realnode", "cluster", "e2e"):
         if tier not in tiers:
@@ -109,13 +115,20 @@ def main() -> int:
         tally = tier_counts.get(tier, Counter())
         failed |= code != 0 or tally["passed"] == 0
         counts[tier] = tally
-        report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped")
+        report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
+                      f" ({tier_minutes(durations, tier):.1f} min)")
 
     total = Counter()
     for tally in counts.values():
         total.update(tally)
     print(f"\n==> slowest tests (of {len(durations)}, {sum(d for d, _ in durations) / 60:.1f} min in all)")
     for seconds, name in sorted(durations, reverse=True)[:SLOWEST_SHOWN]:
+        print(f"  {seconds:7.1f}s  {name}")
+    modules: Counter = Counter()
+    for seconds, name in durations:
+        modules[name.split("::")[0]] += seconds
+    print("\n==> slowest modules")
+    for name, seconds in modules.most_common(SLOWEST_SHOWN):
         print(f"  {seconds:7.1f}s  {name}")
     print("\n==> test tiers")
     for line in report:
