@@ -64,9 +64,9 @@ class Watched:
     seen: tuple[Any, ...] = ()
     # Waiting for earlier waves of its Program's rollout: woken whenever a Stack of that Program changes.
     rollout_waiting: bool = False
-    # An outage of the state backend this Stack said (BackendUnreachable) and has not yet said is over: a
-    # run that failed while the backend was away leaves it to the Stack's next run to say BackendReachable.
-    backend_down: bool = False
+    # The state backend (host:port) whose outage this Stack said (BackendUnreachable) and has not yet said
+    # is over: a run that failed while it was away leaves it to the Stack's next run to say BackendReachable.
+    backend_down: str = ""
 
 
 def intent(body: Any) -> tuple[Any, ...]:

@@ -360,7 +360,7 @@ async def backend_watched(session: StackSession, backend: str, what: str):
             # The run ended before the next probe saw the backend back: the pair of Events still closes.
             watch.reachable()
         # Still away: the Stack's next run says when it is back.
-        session.watched.backend_down = watch.down
+        session.watched.backend_down = watch.where if watch.down else ""
 
 
 class BackendWatch:
@@ -370,7 +370,7 @@ class BackendWatch:
     def __init__(self, session: StackSession, address: tuple[str, int], what: str):
         self.session, self.what, self.address = session, what, address
         self.where, self.seen_down = f"{address[0]}:{address[1]}", False
-        self.down = session.watched.backend_down
+        self.down = session.watched.backend_down == self.where
 
     async def run(self, every: float) -> None:
         while True:

@@ -157,9 +157,10 @@ def test_an_outage_said_by_a_run_that_failed_is_ended_by_the_stacks_next_run(mon
         failed = asyncio.run(stack_update.run_watched(s, backend, "the up s-1",
                                                       slowly(UpdateResult("failed", "the CLI gave up")),
                                                       "strata-operator-0", 1700000000.0))
-        assert not failed.ok and events == [EVENT_BACKEND_UNREACHABLE] and s.watched.backend_down
+        assert not failed.ok and events == [EVENT_BACKEND_UNREACHABLE]
+        assert s.watched.backend_down == f"127.0.0.1:{listening.getsockname()[1]}"
         listening.listen()  # the backend is back before the Stack's next run
         asyncio.run(stack_update.run_watched(s, backend, "the up s-2", slowly(UpdateResult("succeeded")),
                                              "strata-operator-0", 1700000100.0))
     assert events == [EVENT_BACKEND_UNREACHABLE, EVENT_BACKEND_REACHABLE]
-    assert not s.watched.backend_down
+    assert s.watched.backend_down == ""
