@@ -15,13 +15,22 @@ from strata_components.local import cluster_addons, processes, realnode
 from .conftest import on_node, wait_phase
 
 # Resolves names through the pod's resolv.conf (the cluster DNS), then calls the Service by its short name
-# and the apiserver by its Service name with TLS verified against that name. A refused call is tried again
-# for up to 20 s, as any client would: kube-proxy rejects a Service's traffic until it has written the
-# rules for its new endpoint, a moment after the EndpointSlice says so.
+# and the apiserver by its Service name with TLS verified against that name. A refused call, or a lookup
+# that fails for now (EAI_AGAIN: no answer yet), is tried again for up to 20 s, as any client would:
+# kube-proxy rejects a Service's traffic until it has written the rules for its new endpoint, a moment
+# after the EndpointSlice says so. A lookup still failing says which name, and the pod's resolv.conf.
 CLIENT = """
 import json, os, socket, ssl, time, urllib.error, urllib.request
 names = ["kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "web"]
-resolved = {name: socket.gethostbyname(name) for name in names}
+def lookup(name, deadline=time.monotonic() + 20):
+    while True:
+        try:
+            return socket.gethostbyname(name)
+        except socket.gaierror as error:
+            if error.errno != socket.EAI_AGAIN or time.monotonic() > deadline:
+                raise SystemExit(f"{name}: {error}; resolv.conf: {open('/etc/resolv.conf').read()!r}")
+            time.sleep(0.5)
+resolved = {name: lookup(name) for name in names}
 deadline = time.monotonic() + 20
 while True:
     try:
@@ -88,7 +97,7 @@ def test_a_pod_on_either_node_resolves_names_and_reaches_a_service_backed_on_the
                 "command": ["python3", "-c", CLIENT]}])})
         pod = wait_phase(core, namespace, name, {"Succeeded", "Failed"})
         log = core.read_namespaced_pod_log(name, namespace)
-        assert pod.status.phase == "Succeeded", log
+        assert pod.status.phase == "Succeeded", f"{name} (on {node.name}): {log}"
         assert pod.spec.node_name == node.name
         result = json.loads(log.split("RESULT ", 1)[1])
         assert result["resolved"] == {"kubernetes.default.svc": realnode.SERVICE_ADDRESS,
