@@ -102,7 +102,7 @@ def main() -> int:
         else:
             failed |= tally["failed"] > 0
             report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
-                          f" ({tier_minutes(durations, tier):.1f} min)")
+                          f" ({tier_minutes(durations, tier):.1f} min in its tests)")
 
     for tier in ("realnode", "cluster", "e2e"):
         if tier not in tiers:
@@ -116,7 +116,7 @@ def main() -> int:
         failed |= code != 0 or tally["passed"] == 0
         counts[tier] = tally
         report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
-                      f" ({tier_minutes(durations, tier):.1f} min)")
+                      f" ({tier_minutes(durations, tier):.1f} min in its tests)")
 
     total = Counter()
     for tally in counts.values():
