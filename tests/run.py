@@ -60,9 +60,12 @@ def run_pytest(paths: list[str], extra: list[str],
     return code, counts
 
 
-def tier_minutes(durations: list[tuple[float, str]], tier: str) -> float:
-    """The minutes a tier's tests took, setup and teardown included."""
-    return sum(seconds for seconds, name in durations if name.startswith(f"tests.{tier}.")) / 60
+def tier_line(tier: str, tally: Counter, durations: list[tuple[float, str]]) -> str:
+    """A tier's line of the report: its outcomes, and the minutes its tests took (setup and teardown
+    included; the pytest session's own start is not)."""
+    minutes = sum(seconds for seconds, name in durations if name.startswith(f"tests.{tier}.")) / 60
+    return (f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
+            f" ({minutes:.1f} min in its tests)")
 
 
 def missing_requirements(tier: str) -> list[str]:
@@ -101,8 +104,7 @@ def main() -> int:
             report.append(f"{tier:12} FAILED: no tests ran in tests/{tier} (an empty tier proves nothing)")
         else:
             failed |= tally["failed"] > 0
-            report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
-                          f" ({tier_minutes(durations, tier):.1f} min in its tests)")
+            report.append(tier_line(tier, tally, durations))
 
     for tier in ("realnode", "cluster", "e2e"):
         if tier not in tiers:
@@ -115,8 +117,7 @@ def main() -> int:
         tally = tier_counts.get(tier, Counter())
         failed |= code != 0 or tally["passed"] == 0
         counts[tier] = tally
-        report.append(f"{tier:12} {tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped"
-                      f" ({tier_minutes(durations, tier):.1f} min in its tests)")
+        report.append(tier_line(tier, tally, durations))
 
     total = Counter()
     for tally in counts.values():
