@@ -88,6 +88,24 @@ def test_bytecode_of_a_rewritten_source_is_not_used_by_another_environment(tmp_p
     assert value == "kept" and "matches" in verbose
 
 
+def test_a_pyc_a_wheel_shipped_is_replaced_not_written_through_its_link_into_the_cache(tmp_path):
+    site, cached = tmp_path / "site", tmp_path / "uv-cache" / "mod.pyc"
+    (site / "__pycache__").mkdir(parents=True)
+    cached.parent.mkdir()
+    (site / "mod.py").write_text("VALUE = 1\n")
+    store = compile_store(site, tmp_path / "cache" / "key")
+    shipped = site / "__pycache__" / f"mod.{sys.implementation.cache_tag}.pyc"
+    cached.write_bytes(b"the wheel's own bytecode")
+    os.link(cached, shipped)  # as uv installs it
+    cached.chmod(0o444)
+    for only in (None, {f"__pycache__/{shipped.name}"}):
+        install_store(store, site, only)
+        assert cached.read_bytes() == b"the wheel's own bytecode" and cached.stat().st_nlink == 1
+        assert shipped.read_bytes() == (store / "__pycache__" / shipped.name).read_bytes()
+        os.unlink(shipped)
+        os.link(cached, shipped)
+
+
 def test_the_compile_runs_once_per_key_without_the_stacks_environment(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr(bytecode.subprocess, "Popen", lambda args, **kwargs: started.append((args, kwargs)))

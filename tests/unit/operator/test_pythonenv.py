@@ -122,9 +122,12 @@ def test_a_uv_project_is_synced_from_its_lock_into_the_stacks_environment(tmp_pa
     venv = ensure_virtualenv(project, venvs, cache)
     assert "uv = " in (venv / "pyvenv.cfg").read_text() and cache.is_dir()
     assert subprocess.run([venv / "bin" / "python", "-c", "import lib_marker"], capture_output=True).returncode == 0
-    # Copied from the shared cache, not hard-linked: rewriting it cannot reach the other Stacks' installs.
+    # Hard-linked from the shared cache and read-only: a program opening it to write is refused rather
+    # than rewriting what the other Stacks install (as any user but root).
     installed = next(venv.glob("lib/python*/site-packages/lib_marker.py"))
-    assert installed.stat().st_nlink == 1 and any(cache.rglob("lib_marker.py"))
+    assert installed.stat().st_nlink > 1 and any(cache.rglob("lib_marker.py"))
+    assert installed.stat().st_mode & 0o222 == 0
+    assert (venv / "pyvenv.cfg").stat().st_mode & 0o200  # uv's own files, not the cache's, stay writable
     runtime = yaml.safe_load((project / "Pulumi.yaml").read_text())["runtime"]
     # pulumi manages nothing itself: pip over this environment (which has pip), not uv for its uv.lock.
     assert runtime == {"name": "python", "options": {"toolchain": "pip", "virtualenv": str(venv)}}
@@ -172,4 +175,4 @@ def test_uv_reaches_the_index_the_way_pip_is_told_to_and_trusts_the_hosts_certif
     assert env["UV_DEFAULT_INDEX"] == "https://mirror/simple" and env["UV_NO_INDEX"] == "1"
     assert env["SSL_CERT_FILE"] == "/ca.pem" and env["UV_SYSTEM_CERTS"] == "1"
     assert env["UV_INDEX"] == "https://kept/simple"  # uv's own setting wins over pip's
-    assert env["UV_CACHE_DIR"] == str(tmp_path / "cache") and env["UV_LINK_MODE"] == "copy"
+    assert env["UV_CACHE_DIR"] == str(tmp_path / "cache") and env["UV_LINK_MODE"] == "hardlink"

@@ -1,6 +1,6 @@
 """Bytecode shared by the Python environments of one requirements key.
 
-uv copies a package's files from its cache but no bytecode, so a new environment's first update compiled
+uv links a package's files from its cache but no bytecode, so a new environment's first update compiled
 every module its program imports (1.6 s of CPU for a layer importing pulumi_kubernetes, on `make up`'s
 critical path twice). The first environment of a key is compiled once, in the background at the lowest
 priority, into a store beside uv's cache. After each update the names of the modules the program
@@ -107,7 +107,7 @@ def install_store(store: Path, site: Path, only: set[str] | None = None) -> None
     any program runs in it: the 2724 files of the layers' store took 0.4-1.6 s, the 320 they import a tenth.
     Copies, never links: a program writing into a linked .pyc would write into every other Stack's."""
     if only is None:
-        shutil.copytree(store, site, dirs_exist_ok=True, copy_function=shutil.copyfile)
+        shutil.copytree(store, site, dirs_exist_ok=True, copy_function=_copy_replacing)
         return
     for name in only:
         if Path(name).is_absolute() or ".." in Path(name).parts:
@@ -115,7 +115,14 @@ def install_store(store: Path, site: Path, only: set[str] | None = None) -> None
         source = store / name
         if source.is_file():
             (site / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, site / name)
+            _copy_replacing(source, site / name)
+
+
+def _copy_replacing(source: Path | str, target: Path | str) -> None:
+    """Copy over whatever `target` is: a .pyc a wheel shipped is a hard link into uv's cache, and writing
+    into it would write into the cache."""
+    Path(target).unlink(missing_ok=True)
+    shutil.copyfile(source, target)
 
 
 def compile_store(site: Path, store: Path) -> Path | None:
