@@ -127,8 +127,13 @@ def dev_environment(home: DevHome) -> dict[str, str]:
     toolchain's kubectl and Flux binaries first on PATH (the user's pulumi, with its Python host, is
     run by path)."""
     home.backend_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true", "PULUMI_BACKEND_URL": home.backend_url,
-           "PULUMI_CONFIG_PASSPHRASE": passphrase(home), "STRATA_STATE_DIR": str(home.platform_dir)}
+    # No plugin downloads: the project's virtualenv holds pulumi-gcp and pulumi-aws (the GKE and EKS modes,
+    # and the tests' mocks of them), whose plugins the Python host reports as the program's, so the engine
+    # downloads both (hundreds of MB) for a stack that uses neither, and where that is refused, as here,
+    # tries again at every run (2.5 s of each `make up`). The preflight checks the plugins it does use.
+    env = {"PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true", **os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true",
+           "PULUMI_BACKEND_URL": home.backend_url, "PULUMI_CONFIG_PASSPHRASE": passphrase(home),
+           "STRATA_STATE_DIR": str(home.platform_dir)}
     env["PATH"] = os.pathsep.join([*(str(d) for d in installed().bin_dirs), env.get("PATH", "")])
     return env
 

@@ -63,6 +63,14 @@ def test_the_cli_gets_the_homes_absolute_backend_and_a_private_generated_passphr
     assert env["PATH"].startswith(str(tmp_path / "tc" / "bin"))
 
 
+def test_the_cli_downloads_no_plugin_unless_the_user_says_so(home, monkeypatch):
+    # The virtualenv's pulumi-gcp and pulumi-aws would otherwise be fetched for a stack that uses neither.
+    monkeypatch.delenv("PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", raising=False)
+    assert devstack.dev_environment(home)["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] == "true"
+    monkeypatch.setenv("PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "false")
+    assert devstack.dev_environment(home)["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] == "false"
+
+
 def test_a_given_passphrase_wins_and_nothing_is_generated(home, monkeypatch):
     monkeypatch.setenv("PULUMI_CONFIG_PASSPHRASE", "mine")
     assert devstack.dev_environment(home)["PULUMI_CONFIG_PASSPHRASE"] == "mine"
