@@ -37,7 +37,7 @@ from ..team_entries import team_names, team_sync_path
 from . import processes, stackwatch
 from .operator_host import OPERATOR_NAMESPACE, PROCESS_NAME as OPERATOR_PROCESS
 from .platform import LocalPlatform, PlatformConfig
-from .preflight import find_pulumi_with_python_host, missing_dev_stack_requirements
+from .preflight import find_pulumi_with_python_host, missing_dev_stack_requirements, missing_plugins
 from .progress import Say, format_seconds, stderr_say, tail
 from .toolchain import installed
 
@@ -122,16 +122,21 @@ def passphrase_source(home: DevHome) -> str:
     return "$PULUMI_CONFIG_PASSPHRASE" if os.environ.get("PULUMI_CONFIG_PASSPHRASE") else str(home.passphrase_file)
 
 
+def no_plugin_downloads() -> dict[str, str]:
+    """No plugin downloads once the plugins the dev stack uses are installed. The project's virtualenv holds
+    pulumi-gcp and pulumi-aws (the GKE and EKS modes, and the tests' mocks of them), whose plugins the
+    Python host reports as the program's, so the engine would download both (hundreds of MB) for a stack
+    that uses neither, and where that is refused, as here, try again at every run (2.5 s of each `make
+    up`). With one of its own plugins missing, pulumi may still fetch it (online)."""
+    return {} if missing_plugins() else {"PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true"}
+
+
 def dev_environment(home: DevHome) -> dict[str, str]:
     """The environment of the dev stack's pulumi runs: this home's backend and passphrase, and the
     toolchain's kubectl and Flux binaries first on PATH (the user's pulumi, with its Python host, is
     run by path)."""
     home.backend_dir.mkdir(parents=True, exist_ok=True)
-    # No plugin downloads: the project's virtualenv holds pulumi-gcp and pulumi-aws (the GKE and EKS modes,
-    # and the tests' mocks of them), whose plugins the Python host reports as the program's, so the engine
-    # downloads both (hundreds of MB) for a stack that uses neither, and where that is refused, as here,
-    # tries again at every run (2.5 s of each `make up`). The preflight checks the plugins it does use.
-    env = {"PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true", **os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true",
+    env = {**no_plugin_downloads(), **os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true",
            "PULUMI_BACKEND_URL": home.backend_url, "PULUMI_CONFIG_PASSPHRASE": passphrase(home),
            "STRATA_STATE_DIR": str(home.platform_dir)}
     env["PATH"] = os.pathsep.join([*(str(d) for d in installed().bin_dirs), env.get("PATH", "")])

@@ -63,10 +63,16 @@ def test_the_cli_gets_the_homes_absolute_backend_and_a_private_generated_passphr
     assert env["PATH"].startswith(str(tmp_path / "tc" / "bin"))
 
 
-def test_the_cli_downloads_no_plugin_unless_the_user_says_so(home, monkeypatch):
+def test_the_cli_downloads_no_plugin_once_the_dev_stacks_own_are_installed(home, monkeypatch):
     # The virtualenv's pulumi-gcp and pulumi-aws would otherwise be fetched for a stack that uses neither.
     monkeypatch.delenv("PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", raising=False)
+    monkeypatch.setattr(devstack, "missing_plugins", lambda: [])
     assert devstack.dev_environment(home)["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] == "true"
+    # One of its own missing: pulumi may fetch it, as before.
+    monkeypatch.setattr(devstack, "missing_plugins", lambda: ["the flux provider plugin: pulumi plugin install ..."])
+    assert "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION" not in devstack.dev_environment(home)
+    # The user's own setting wins.
+    monkeypatch.setattr(devstack, "missing_plugins", lambda: [])
     monkeypatch.setenv("PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "false")
     assert devstack.dev_environment(home)["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] == "false"
 
