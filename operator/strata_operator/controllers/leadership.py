@@ -256,7 +256,10 @@ async def keep(elector: Elector) -> None:
             started = time.monotonic()
             left = renewed + RENEW_DEADLINE_SECONDS - started
             try:
-                decision = await asyncio.wait_for(elector.step(), timeout=max(left, 0.1))
+                # Not wait_for: on Python 3.11 it can drop a cancel that races the step, and the cleanup that
+                # cancelled this loop would then wait for it forever (seen under load).
+                async with asyncio.timeout(max(left, 0.1)):
+                    decision = await elector.step()
             except asyncio.CancelledError:
                 raise
             except ApiException as err:
@@ -267,10 +270,6 @@ async def keep(elector: Elector) -> None:
                 errors.log(logging.WARNING, f"could not renew the leader Lease {elector.lease}: "
                            f"{type(err).__name__}: {err}; {max(left, 0):.0f} s left")
                 decision = None
-            if asyncio.current_task().cancelling():
-                # Python 3.11's wait_for drops a cancel that races the step it waited for: honour it here,
-                # or the cleanup that cancelled this loop waits for it forever (seen under load).
-                raise asyncio.CancelledError
             if decision is not None and decision.action == "renew":
                 renewed, period = started, RENEW_PERIOD_SECONDS
                 continue
