@@ -12,15 +12,15 @@ uv`), from the `uv` package the operator depends on: a project that asks for uv 
 file (`uv sync --locked`), and a requirements.txt is installed by `uv pip install` unless the project asks
 for pip. Every Stack of an operator shares one uv cache, so a package is downloaded and built once and
 a repeated install is a set of hard links, uv's default on Linux (the layers' 3300 files in 0.3 s; copies
-took 1.6-1.8 s of which 2.4 CPU-s in the kernel, on `make up`'s critical path twice). A linked file is the
+took 1.6-1.8 s and 2.4 CPU-s in the kernel, on `make up`'s critical path twice). A linked file is the
 cache's own, so each is made read-only once linked: a program that opens a file of its environment to
 write it gets "Permission denied" instead of rewriting what every other Stack installs from (replacing a
 file, as pip and uv do, unlinks it and never reaches the cache). That holds for programs run as any user
 but root, which permissions do not stop; in the local topology every update runs as the operator's user,
 which owns the cache anyway, and workspace pods each build their own environment. uv locks the cache
-against concurrent builds, and programs are never given its path. Where no uv is found (a workspace image that is not the
-operator's) requirements.txt falls back to pip. A new environment gets the bytecode compiled for its
-requirements key (bytecode.py), which uv does not copy.
+against concurrent builds, and programs are never given its path. Where no uv is found (a workspace
+image that is not the operator's) requirements.txt falls back to pip. A new environment gets the
+bytecode compiled for its requirements key (bytecode.py), which uv does not install.
 """
 
 from __future__ import annotations
