@@ -219,6 +219,7 @@ def ensure_virtualenv(project_dir: Path, venvs_root: Path, cache: Path, timeout:
         shutil.rmtree(venv, ignore_errors=True)
         venv.parent.mkdir(parents=True, exist_ok=True)
         _install(project_dir, venv, cache, timeout)
+        seal_linked_files(venv)
         if bytecode is not None:
             share_bytecode(venv, bytecode)
         complete.touch()
@@ -245,7 +246,6 @@ def _install(project_dir: Path, venv: Path, cache: Path, timeout: float) -> None
         _run([uv, "sync", *locked, "--inexact", "--python", sys.executable],
              "installing the uv project (pyproject.toml, uv.lock)", timeout, cwd=project_dir,
              env={**env, "UV_PROJECT_ENVIRONMENT": str(venv)})
-        seal_linked_files(venv)
         return
     if uv is not None:
         # --seed: pip in the environment, as `python -m venv` gives it (Pulumi's Python host lists packages with it).
@@ -258,12 +258,11 @@ def _install(project_dir: Path, venv: Path, cache: Path, timeout: float) -> None
             [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
         _run([*install, "-r", str(project_dir / "requirements.txt")], "installing requirements.txt", timeout,
              cwd=project_dir, env=env)
-    if uv is not None:
-        seal_linked_files(venv)
 
 
 def seal_linked_files(venv: Path) -> None:
-    """Make every file of `venv` that is hard-linked to uv's cache read-only (module docstring)."""
+    """Make every file of `venv` that is hard-linked to uv's cache read-only (module docstring); an
+    environment pip built has none."""
     for directory, _dirs, files in os.walk(venv):
         for name in files:
             path = os.path.join(directory, name)
