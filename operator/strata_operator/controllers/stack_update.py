@@ -237,6 +237,9 @@ async def _keep_plan(session: StackSession, plan: bytes, summary: dict[str, int]
 async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Resolved, plan: Plan, revision: str,
                            handle: Any, approval: _Approval | None = None) -> float | None:
     ctx = session.ctx
+    waiting = await backend_still_away(session, spec.backend)
+    if waiting is not None:
+        return waiting
     run = st.RunRecord(name=f"{session.name}-{uuid.uuid4().hex[:8]}", kind=plan.run or "up",
                        generation=session.generation, reconcile_request=session.requests.pulumi, commit=revision,
                        started=utc_now(), host=HOST, prerequisite_digests=tuple(sorted(session.consumed.items())),
@@ -285,6 +288,13 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
                     # The update refreshed first: whatever drifted is Pulumi's again.
                     fields["drift"] = drift_status({}, st.rfc3339(utc_now()))
                     metrics.mark_drifted(session.namespace, session.name, False)
+        elif result.reason == st.RECONCILING_BACKEND_UNREACHABLE:
+            # The backend's outage, not the program's failure: none is counted, and the Stack runs again
+            # once the backend answers.
+            await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE,
+                                           f"{result.message}; the Stack runs again once it answers"),
+                                currentUpdate=None)
+            return ctx.settings.backend_probe_seconds
         else:
             conflict = result.outcome == "conflict"
             refused = approval is not None and bool(approval.digest) and plan_refused(result.message)
@@ -332,13 +342,38 @@ async def run_watched(session: StackSession, backend: str, what: str, operation:
                       host: str, started_at: float) -> UpdateResult:
     """`operation`, a run of the Stack started on `host` at `started_at`, with its backend watched. If it
     failed while the backend did not answer, its CLI may have given up holding its lock, which it could
-    not release: the engine clears that lock before the Stack's next operation."""
+    not release: the engine clears that lock before the Stack's next operation. If the backend still
+    does not answer when it failed, the outage is said (as by a watch's probe) and the result's reason
+    is BackendUnreachable: a run that failed at once, starting or ending, is the outage's too."""
     async with backend_watched(session, backend, what) as watch:
         result = await operation
-    if not result.ok and result.outcome != "conflict" and watch is not None and (
-            watch.seen_down or await unreachable(watch.address)):
-        session.ctx.engine.lost_run(session.key, host, started_at)
+        if result.ok or result.outcome == "conflict" or watch is None:
+            return result
+        problem = await unreachable(watch.address)
+        if problem or watch.seen_down:
+            session.ctx.engine.lost_run(session.key, host, started_at)
+        if problem:
+            session.logger.info("%s failed while its backend was away: %s", what, redact(result.message))
+            message = f"the state backend at {watch.where} does not answer ({problem}): {what} stopped"
+            if not watch.down:
+                watch.went_away(message)
+            result = dataclasses.replace(result, reason=st.RECONCILING_BACKEND_UNREACHABLE, message=message)
     return result
+
+
+async def backend_still_away(session: StackSession, backend: str) -> float | None:
+    """A Stack whose last run ended with its backend away runs again only once the backend answers: until
+    then it says so and looks again a probe's interval later (None: it may run)."""
+    address = backend_address(backend)
+    if address is None or session.watched.backend_down != f"{address[0]}:{address[1]}":
+        return None
+    problem = await unreachable(address)
+    if not problem:
+        return None  # the run's watch says it is back
+    await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, (
+        f"the state backend at {session.watched.backend_down} does not answer ({problem}): the Stack runs "
+        "again once it answers")), currentUpdate=None)
+    return session.ctx.settings.backend_probe_seconds
 
 
 @contextlib.asynccontextmanager
@@ -379,10 +414,9 @@ class BackendWatch:
             if bool(problem) == self.down:
                 continue
             if problem:
-                self.down = self.seen_down = True
                 message = f"the state backend at {self.where} does not answer ({problem}): {self.what} waits for " \
                           "it and goes on once it answers"
-                post_event(self.session.body, st.EVENT_BACKEND_UNREACHABLE, message, warning=True)
+                self.went_away(message)
                 verdict = st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message)
             else:
                 self.reachable()
@@ -391,6 +425,10 @@ class BackendWatch:
                 await self.session.write(verdict)
             except Exception as err:  # noqa: BLE001 - the status is a courtesy here; the Event went out, the run goes on
                 self.session.logger.warning("cannot write the backend's state to the status: %s", redact(str(err)))
+
+    def went_away(self, message: str) -> None:
+        self.down = self.seen_down = True
+        post_event(self.session.body, st.EVENT_BACKEND_UNREACHABLE, message, warning=True)
 
     def reachable(self) -> None:
         self.down = False

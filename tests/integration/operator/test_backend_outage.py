@@ -1,6 +1,8 @@
 """The object store a running update keeps its state in goes away for a while: the Stack says so while it
 lasts (Reconciling, reason BackendUnreachable, and a Warning Event naming where), says when it is back,
 and ends Ready with no lock left (issue #27 item 4: before, it only said "stack is being processed").
+An update that fails at once because its store is away (starting, or ending) is the outage's too: the
+Stack says so, counts no failure and runs once the store answers.
 
 The store is the real MinIO; the outage is its TCP path cut (every connection closed, new ones
 refused) and mended, so the session's MinIO serves the other tests meanwhile."""
@@ -90,24 +92,33 @@ def _locks(endpoint: str, bucket: str, root: s3.Credentials) -> list[str]:
     return [part.split("</Key>")[0] for part in body.split("<Key>")[1:]]
 
 
-def test_a_running_updates_object_store_gone_for_a_while_is_said_while_it_lasts_and_the_update_ends_ready(
-        stacks: Stacks, object_store):
+def stored_behind(stacks: Stacks, object_store, resources: int, mended: bool) -> tuple[CuttableLink, str]:
+    """A bucket reached through a link (unless `mended`, its port refuses), and a Stack `stored` of a
+    Program of `resources` Stash resources keeping its state there; the link and the bucket."""
     endpoint, root = object_store
     bucket = f"outage-{uuid.uuid4().hex[:8]}"
     s3.ensure_bucket(endpoint, bucket, root)
     host, port = endpoint.removeprefix("http://").split(":")
     link = CuttableLink((host, int(port)))
-    link.mend()
+    if mended:
+        link.mend()
+    stacks.secret("store", {"AWS_ACCESS_KEY_ID": root.access_key_id, "AWS_SECRET_ACCESS_KEY": root.secret_access_key,
+                            "passphrase": PASSPHRASE})
+    stacks.program("many", stash_program(**{f"r{i}": f"v{i}" for i in range(resources)}))
+    backend = f"s3://{bucket}?endpoint=http://127.0.0.1:{link.port}&use_path_style=true&region={s3.REGION}"
+    stacks.create("stored", stacks.spec(programRef={"name": "many"}, backend=backend, envRefs={
+        name: {"type": "Secret", "secret": {"name": "store", "key": key}}
+        for name, key in (("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
+                          ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
+                          ("PULUMI_CONFIG_PASSPHRASE", "passphrase"))}))
+    return link, bucket
+
+
+def test_a_running_updates_object_store_gone_for_a_while_is_said_while_it_lasts_and_the_update_ends_ready(
+        stacks: Stacks, object_store):
+    endpoint, root = object_store
+    link, bucket = stored_behind(stacks, object_store, RESOURCES, mended=True)
     try:
-        stacks.secret("store", {"AWS_ACCESS_KEY_ID": root.access_key_id, "AWS_SECRET_ACCESS_KEY": root.secret_access_key,
-                                "passphrase": PASSPHRASE})
-        stacks.program("many", stash_program(**{f"r{i}": f"v{i}" for i in range(RESOURCES)}))
-        backend = f"s3://{bucket}?endpoint=http://127.0.0.1:{link.port}&use_path_style=true&region={s3.REGION}"
-        stacks.create("stored", stacks.spec(programRef={"name": "many"}, backend=backend, envRefs={
-            name: {"type": "Secret", "secret": {"name": "store", "key": key}}
-            for name, key in (("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
-                              ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
-                              ("PULUMI_CONFIG_PASSPHRASE", "passphrase"))}))
         # Mid-update: the engine holds the stack's lock in the bucket.
         processes.wait_until(lambda: _locks(endpoint, bucket, root), 120, "the update holding its lock", interval=0.2)
         link.cut()
@@ -126,6 +137,33 @@ def test_a_running_updates_object_store_gone_for_a_while_is_said_while_it_lasts_
         ready = stacks.wait_ready("stored", timeout=180)
         assert ready["status"]["lastUpdate"]["state"] == "succeeded"
         assert len(ready["status"]["outputs"]) == RESOURCES
+        assert stacks.wait_events("stored", "BackendReachable", timeout=30)
+        assert _locks(endpoint, bucket, root) == []
+    finally:
+        link.cut()
+
+
+def test_an_update_whose_object_store_is_away_as_it_starts_waits_for_it_counting_no_failure_and_runs_once_back(
+        stacks: Stacks, object_store):
+    endpoint, root = object_store
+    link, bucket = stored_behind(stacks, object_store, 3, mended=False)
+    try:
+        waiting = stacks.wait("stored", lambda o: has_condition(o, "Reconciling", "BackendUnreachable"), 60,
+                              "Reconciling/BackendUnreachable while the store is away")
+        said = {c["type"]: c for c in waiting["status"]["conditions"]}["Reconciling"]["message"]
+        assert f"127.0.0.1:{link.port} does not answer (Connection refused)" in said, said
+        assert said.endswith("the Stack runs again once it answers"), said
+        (warning,) = stacks.wait_events("stored", "BackendUnreachable")
+        assert warning.type == "Warning" and f"127.0.0.1:{link.port}" in warning.message
+        time.sleep(12)  # past a probe's interval: it goes on waiting, saying the same and counting nothing
+        waited = stacks.get("stored")
+        assert has_condition(waited, "Reconciling", "BackendUnreachable"), waited["status"]
+        assert "lastUpdate" not in waited["status"] and not stacks.events("stored", "StackUpdateFailure")
+        assert len(stacks.events("stored", "BackendUnreachable")) == 1
+
+        link.mend()
+        ready = stacks.wait_ready("stored", timeout=120)
+        assert ready["status"]["lastUpdate"]["state"] == "succeeded"
         assert stacks.wait_events("stored", "BackendReachable", timeout=30)
         assert _locks(endpoint, bucket, root) == []
     finally:

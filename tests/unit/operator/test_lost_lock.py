@@ -6,7 +6,8 @@ the next run finding it and failing as a conflict. The executor's own runs and t
 import asyncio
 import socket
 
-from strata_operator.api.status import EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE
+from strata_operator.api.status import (EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE,
+                                       RECONCILING_BACKEND_UNREACHABLE)
 from strata_operator.controllers import stack_update
 from strata_operator.controllers.context import Context, OperatorSettings
 from strata_operator.controllers.stack_session import StackSession
@@ -117,16 +118,55 @@ async def slowly(result: UpdateResult) -> UpdateResult:
     return result
 
 
-def test_a_run_that_failed_while_its_backend_was_away_is_a_lost_run(monkeypatch):
+def test_a_run_that_failed_while_its_backend_was_away_is_a_lost_run_and_the_outages(monkeypatch):
     monkeypatch.setattr(stack_update, "post_event", lambda *_, **__: None)
-    backend = f"s3://state?endpoint=127.0.0.1:{refused_port()}"
+    port = refused_port()
+    backend = f"s3://state?endpoint=127.0.0.1:{port}"
     for result, lost in ((UpdateResult("failed", "the CLI gave up"), True), (UpdateResult("succeeded"), False),
                          (UpdateResult("conflict", "locked by another update"), False)):
         engine = RecordingEngine()
         s = session(engine)
-        assert asyncio.run(stack_update.run_watched(s, backend, "the up s-1", slowly(result), "strata-operator-0",
-                                                    1700000000.0)) == result
+        said = asyncio.run(stack_update.run_watched(s, backend, "the up s-1", slowly(result), "strata-operator-0",
+                                                    1700000000.0))
         assert engine._lost_runs == ({"ns/s": ("strata-operator-0", 1700000000.0)} if lost else {})
+        assert said == (UpdateResult("failed", f"the state backend at 127.0.0.1:{port} does not answer "
+                                               "(Connection refused): the up s-1 stopped",
+                                     reason=RECONCILING_BACKEND_UNREACHABLE) if lost else result)
+
+
+def test_a_run_that_failed_at_once_with_its_backend_away_says_the_outage_the_watch_had_no_time_to(monkeypatch):
+    events = []
+    monkeypatch.setattr(stack_update, "post_event",
+                        lambda body, reason, message, **kw: events.append((reason, message, kw.get("warning"))))
+    port = refused_port()
+    s = session(RecordingEngine())
+    s.ctx.settings.backend_probe_seconds = 60  # no probe during the run: it fails before the first
+    said = asyncio.run(stack_update.run_watched(s, f"s3://state?endpoint=127.0.0.1:{port}", "the up s-1",
+                                                slowly(UpdateResult("failed", "could not list bucket")),
+                                                "strata-operator-0", 1700000000.0))
+    assert said.reason == RECONCILING_BACKEND_UNREACHABLE
+    assert events == [(EVENT_BACKEND_UNREACHABLE, said.message, True)]
+    assert s.watched.backend_down == f"127.0.0.1:{port}"
+
+
+def test_a_stack_whose_backend_is_still_away_waits_for_it_and_runs_once_it_answers():
+    s = session(RecordingEngine())
+    s.ctx.settings.backend_probe_seconds = 7.0
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        where = f"127.0.0.1:{listening.getsockname()[1]}"
+        backend = f"s3://state?endpoint={where}"
+        assert asyncio.run(stack_update.backend_still_away(s, backend)) is None  # never said away: runs
+        s.watched.backend_down = where
+        assert asyncio.run(stack_update.backend_still_away(s, backend)) == 7.0
+        reconciling = {c["type"]: c for c in s.status["conditions"]}["Reconciling"]
+        assert (reconciling["reason"], reconciling["message"]) == (RECONCILING_BACKEND_UNREACHABLE, (
+            f"the state backend at {where} does not answer (Connection refused): the Stack runs again once it "
+            "answers"))
+        # Another backend now (the spec changed): this outage is not its.
+        assert asyncio.run(stack_update.backend_still_away(s, "s3://state?endpoint=127.0.0.1:1")) is None
+        listening.listen()
+        assert asyncio.run(stack_update.backend_still_away(s, backend)) is None
 
 
 def test_a_watch_remembers_its_backend_went_away_after_it_came_back(monkeypatch):

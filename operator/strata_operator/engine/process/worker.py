@@ -533,8 +533,11 @@ def _run_operation(request: dict[str, Any], pulumi_command: auto.PulumiCommand, 
         if root is not None:
             actions = _recover_file_backend(root, name, request["interrupted_host"], request["interrupted_since"])
         else:
-            auto.Stack.select(name, workspace).cancel()
-            actions = ["cancelled the interrupted update in the backend"]
+            try:
+                auto.Stack.select(name, workspace).cancel()
+                actions = ["cancelled the interrupted update in the backend"]
+            except StackNotFoundError:  # the run failed before its stack reached the backend: no lock either
+                actions = []
         result = {"outcome": "succeeded", "message": "; ".join(actions) or "nothing to recover"}
         finished = _finished_update(pulumi_command, workdir, name, request.get("interrupted_run", ""))
         if finished is None:
