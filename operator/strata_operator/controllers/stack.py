@@ -303,6 +303,11 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
             # Its first update failed before the backend had the stack (a wrong backend or credential, say).
             post_event(body, st.EVENT_NOT_FOUND, "the stack was never created in its backend (no update of it "
                        "succeeded): nothing to destroy")
+        elif result.reason == st.RECONCILING_BACKEND_UNREACHABLE:
+            # The backend's outage (its Warning Event is out): tried again once it may answer, not backed off.
+            message = f"{result.message}; the destroy runs again once it answers"
+            await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message))
+            raise kopf.TemporaryError(redact(message), delay=ctx.settings.backend_probe_seconds)
         elif not result.ok:
             message = f"destroy failed: {result.message}"
             post_event(body, st.EVENT_UPDATE_FAILURE, message, warning=True)

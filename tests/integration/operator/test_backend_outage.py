@@ -1,8 +1,8 @@
 """The object store a running update keeps its state in goes away for a while: the Stack says so while it
 lasts (Reconciling, reason BackendUnreachable, and a Warning Event naming where), says when it is back,
 and ends Ready with no lock left (issue #27 item 4: before, it only said "stack is being processed").
-An update that fails at once because its store is away (starting, or ending) is the outage's too: the
-Stack says so, counts no failure and runs once the store answers.
+An update or a destroy that fails at once because its store is away (starting, or ending) is the outage's
+too: the Stack says so, counts no failure and runs once the store answers.
 
 The store is the real MinIO; the outage is its TCP path cut (every connection closed, new ones
 refused) and mended, so the session's MinIO serves the other tests meanwhile."""
@@ -92,9 +92,10 @@ def _locks(endpoint: str, bucket: str, root: s3.Credentials) -> list[str]:
     return [part.split("</Key>")[0] for part in body.split("<Key>")[1:]]
 
 
-def stored_behind(stacks: Stacks, object_store, resources: int, mended: bool) -> tuple[CuttableLink, str]:
+def stored_behind(stacks: Stacks, object_store, resources: int, mended: bool,
+                  **spec: object) -> tuple[CuttableLink, str]:
     """A bucket reached through a link (unless `mended`, its port refuses), and a Stack `stored` of a
-    Program of `resources` Stash resources keeping its state there; the link and the bucket."""
+    Program of `resources` Stash resources keeping its state there (and `spec`); the link and the bucket."""
     endpoint, root = object_store
     bucket = f"outage-{uuid.uuid4().hex[:8]}"
     s3.ensure_bucket(endpoint, bucket, root)
@@ -110,7 +111,7 @@ def stored_behind(stacks: Stacks, object_store, resources: int, mended: bool) ->
         name: {"type": "Secret", "secret": {"name": "store", "key": key}}
         for name, key in (("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID"),
                           ("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY"),
-                          ("PULUMI_CONFIG_PASSPHRASE", "passphrase"))}))
+                          ("PULUMI_CONFIG_PASSPHRASE", "passphrase"))}, **spec))
     return link, bucket
 
 
@@ -143,10 +144,11 @@ def test_a_running_updates_object_store_gone_for_a_while_is_said_while_it_lasts_
         link.cut()
 
 
-def test_an_update_whose_object_store_is_away_as_it_starts_waits_for_it_counting_no_failure_and_runs_once_back(
+def test_an_update_or_destroy_whose_object_store_is_away_as_it_starts_waits_for_it_counting_no_failure(
         stacks: Stacks, object_store):
     endpoint, root = object_store
-    link, bucket = stored_behind(stacks, object_store, 3, mended=False)
+    # The link not mended: every connection refused.
+    link, bucket = stored_behind(stacks, object_store, 3, mended=False, destroyOnFinalize=True)
     try:
         waiting = stacks.wait("stored", lambda o: has_condition(o, "Reconciling", "BackendUnreachable"), 60,
                               "Reconciling/BackendUnreachable while the store is away")
@@ -165,6 +167,18 @@ def test_an_update_whose_object_store_is_away_as_it_starts_waits_for_it_counting
         ready = stacks.wait_ready("stored", timeout=120)
         assert ready["status"]["lastUpdate"]["state"] == "succeeded"
         assert stacks.wait_events("stored", "BackendReachable", timeout=30)
-        assert _locks(endpoint, bucket, root) == []
+
+        # Deleted while the store is away again: the destroy waits for it the same way, then runs.
+        link.cut()
+        stacks.delete("stored")
+        stacks.wait("stored", lambda o: any(
+            c["type"] == "Reconciling" and c.get("reason") == "BackendUnreachable" and "the destroy" in c["message"]
+            for c in o["status"]["conditions"]), 60, "the destroy saying the store is away")
+        link.mend()
+        processes.wait_until(lambda: stacks.get("stored") is None, 120, "the Stack destroyed and gone")
+        assert not stacks.events("stored", "StackUpdateFailure")
+        status, body = s3.request(endpoint, "GET", f"/{bucket}", root, query={"list-type": "2", "prefix": ".pulumi/"})
+        keys = [part.split("</Key>")[0] for part in body.split("<Key>")[1:]]
+        assert status == 200 and not [k for k in keys if k.endswith("/dev.json") or "/locks/" in k], keys
     finally:
         link.cut()
