@@ -354,7 +354,7 @@ async def run_watched(session: StackSession, backend: str, what: str, operation:
             session.ctx.engine.lost_run(session.key, host, started_at)
         if problem:
             session.logger.info("%s failed while its backend was away: %s", what, redact(result.message))
-            message = f"the state backend at {watch.where} does not answer ({problem}): {what} stopped"
+            message = f"{not_answering(watch.where, problem)}: {what} stopped"
             if not watch.down:
                 watch.went_away(message)
             result = dataclasses.replace(result, reason=st.RECONCILING_BACKEND_UNREACHABLE, message=message)
@@ -365,15 +365,24 @@ async def backend_still_away(session: StackSession, backend: str) -> float | Non
     """A Stack whose last run ended with its backend away runs again only once the backend answers: until
     then it says so and looks again a probe's interval later (None: it may run)."""
     address = backend_address(backend)
-    if address is None or session.watched.backend_down != f"{address[0]}:{address[1]}":
+    if address is None or session.watched.backend_down != address_name(address):
         return None
     problem = await unreachable(address)
     if not problem:
         return None  # the run's watch says it is back
     await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, (
-        f"the state backend at {session.watched.backend_down} does not answer ({problem}): the Stack runs "
-        "again once it answers")), currentUpdate=None)
+        f"{not_answering(address_name(address), problem)}: the Stack runs again once it answers")), currentUpdate=None)
     return session.ctx.settings.backend_probe_seconds
+
+
+def address_name(address: tuple[str, int]) -> str:
+    """A backend's address as the Stack's conditions and Events name it."""
+    return f"{address[0]}:{address[1]}"
+
+
+def not_answering(at: str, problem: str) -> str:
+    """How an outage of the backend at `at` starts wherever it is said."""
+    return f"the state backend at {at} does not answer ({problem})"
 
 
 @contextlib.asynccontextmanager
@@ -404,7 +413,7 @@ class BackendWatch:
 
     def __init__(self, session: StackSession, address: tuple[str, int], what: str):
         self.session, self.what, self.address = session, what, address
-        self.where, self.seen_down = f"{address[0]}:{address[1]}", False
+        self.where, self.seen_down = address_name(address), False
         self.down = session.watched.backend_down == self.where
 
     async def run(self, every: float) -> None:
@@ -414,8 +423,7 @@ class BackendWatch:
             if bool(problem) == self.down:
                 continue
             if problem:
-                message = f"the state backend at {self.where} does not answer ({problem}): {self.what} waits for " \
-                          "it and goes on once it answers"
+                message = f"{not_answering(self.where, problem)}: {self.what} waits for it and goes on once it answers"
                 self.went_away(message)
                 verdict = st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message)
             else:

@@ -85,11 +85,14 @@ class CuttableLink:
                     pass
 
 
-def _locks(endpoint: str, bucket: str, root: s3.Credentials) -> list[str]:
-    status, body = s3.request(endpoint, "GET", f"/{bucket}", root,
-                              query={"list-type": "2", "prefix": ".pulumi/locks/"})
+def _keys(endpoint: str, bucket: str, root: s3.Credentials, prefix: str) -> list[str]:
+    status, body = s3.request(endpoint, "GET", f"/{bucket}", root, query={"list-type": "2", "prefix": prefix})
     assert status == 200, body
     return [part.split("</Key>")[0] for part in body.split("<Key>")[1:]]
+
+
+def _locks(endpoint: str, bucket: str, root: s3.Credentials) -> list[str]:
+    return _keys(endpoint, bucket, root, ".pulumi/locks/")
 
 
 def stored_behind(stacks: Stacks, object_store, resources: int, mended: bool,
@@ -177,8 +180,7 @@ def test_an_update_or_destroy_whose_object_store_is_away_as_it_starts_waits_for_
         link.mend()
         processes.wait_until(lambda: stacks.get("stored") is None, 120, "the Stack destroyed and gone")
         assert not stacks.events("stored", "StackUpdateFailure")
-        status, body = s3.request(endpoint, "GET", f"/{bucket}", root, query={"list-type": "2", "prefix": ".pulumi/"})
-        keys = [part.split("</Key>")[0] for part in body.split("<Key>")[1:]]
-        assert status == 200 and not [k for k in keys if k.endswith("/dev.json") or "/locks/" in k], keys
+        keys = _keys(endpoint, bucket, root, ".pulumi/")
+        assert not [k for k in keys if k.endswith("/dev.json") or "/locks/" in k], keys
     finally:
         link.cut()
