@@ -83,6 +83,8 @@ EVENT_OUTPUT_FAILURE = "StackOutputRetrievalFailure"
 EVENT_NOT_FOUND = STACK_NOT_FOUND = "StackNotFound"
 EVENT_BACKEND_UNREACHABLE = RECONCILING_BACKEND_UNREACHABLE
 EVENT_BACKEND_REACHABLE = "BackendReachable"
+# An update finished but could not delete its lock from the backend (gone as it ended): deleted before the next run.
+EVENT_LOCK_LEFT = "BackendLockLeft"
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"

@@ -100,9 +100,11 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         await session.stall(STALLED_SPEC_INVALID, str(misplaced), st.EVENT_CONFIG_INVALID)
         return None
     try:
-        await recover_interrupted(session, spec, resolved)
+        waiting = await recover_interrupted(session, spec, resolved)
     except RefError as err:
         return await wait_for_reference(session, err)
+    if waiting is not None:
+        return waiting
 
     poll = float(session.resync_seconds(spec)) if spec.polled else None
     try:
@@ -283,7 +285,10 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
         try:
             resolved = await resolve_stack(spec, namespace, ctx.kube.secret_data, ctx.kube.configmap_data,
                                            ctx.settings.allow_operator_refs, ctx.engine.in_workspace_pods)
-            await recover_interrupted(session, spec, resolved)
+            waiting = await recover_interrupted(session, spec, resolved, then="the destroy runs")
+            if waiting is not None:
+                raise kopf.TemporaryError("the state backend does not answer: the destroy waits for it",
+                                          delay=waiting)
             project = await _destroy_project(session, spec, resolved, work, logger)
             request = await update_request(ctx, spec, namespace, name, project, resolved, work, "destroy on finalize")
         except RefError as err:

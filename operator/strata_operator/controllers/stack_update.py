@@ -278,6 +278,10 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         fields: dict[str, Any] = {"currentUpdate": None, "lastHandledReconcileAt": session.requests.flux}
         if result.ok:
             fields.update(await _succeeded_fields(session, spec, run, result))
+            if result.lock_left:
+                post_event(session.body, st.EVENT_LOCK_LEFT, (
+                    f"the {run.kind} {run.name} finished, but the state backend did not answer as it deleted the "
+                    "stack's lock: the operator deletes it before the Stack's next operation"), warning=True)
             fields["projectInfo"] = project_info(project)
             if run.kind == "up":
                 _keep_last_successful(project, stack_dir / "last-successful")
@@ -291,9 +295,10 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         elif result.reason == st.RECONCILING_BACKEND_UNREACHABLE:
             # The backend's outage, not the program's failure: none is counted, and the Stack runs again
             # once the backend answers.
+            # currentUpdate stays: whether the run's update finished, and its lock, are settled once the
+            # backend answers (recover_interrupted), by this process or, restarted, the next.
             await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE,
-                                           f"{result.message}; the Stack runs again once it answers"),
-                                currentUpdate=None)
+                                           f"{result.message}; the Stack runs again once it answers"))
             return ctx.settings.backend_probe_seconds
         else:
             conflict = result.outcome == "conflict"
@@ -361,17 +366,24 @@ async def run_watched(session: StackSession, backend: str, what: str, operation:
     return result
 
 
-async def backend_still_away(session: StackSession, backend: str) -> float | None:
-    """A Stack whose last run ended with its backend away runs again only once the backend answers: until
-    then it says so and looks again a probe's interval later (None: it may run)."""
+async def backend_still_away(session: StackSession, backend: str, probe: bool = False,
+                             then: str = "the Stack runs again") -> float | None:
+    """A Stack whose last run ended with its backend away (with `probe`, any Stack) runs again only once
+    the backend answers: until then it says so and looks again a probe's interval later (None: it may run)."""
     address = backend_address(backend)
-    if address is None or session.watched.backend_down != address_name(address):
+    if address is None:
+        return None
+    where = address_name(address)
+    if not probe and session.watched.backend_down != where:
         return None
     problem = await unreachable(address)
     if not problem:
-        return None  # the run's watch says it is back
-    await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, (
-        f"{not_answering(address_name(address), problem)}: the Stack runs again once it answers")), currentUpdate=None)
+        return None  # the next run's watch, or the recovery, says it is back
+    message = f"{not_answering(where, problem)}: {then} once it answers"
+    if session.watched.backend_down != where:
+        post_event(session.body, st.EVENT_BACKEND_UNREACHABLE, message, warning=True)
+        session.watched.backend_down = where
+    await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message))
     return session.ctx.settings.backend_probe_seconds
 
 
@@ -440,8 +452,12 @@ class BackendWatch:
 
     def reachable(self) -> None:
         self.down = False
-        post_event(self.session.body, st.EVENT_BACKEND_REACHABLE,
-                   f"the state backend at {self.where} answers again: {self.what} goes on")
+        said_reachable(self.session, self.where, self.what)
+
+
+def said_reachable(session: StackSession, where: str, what: str) -> None:
+    """The end of an outage the Stack said (its Warning Event's pair)."""
+    post_event(session.body, st.EVENT_BACKEND_REACHABLE, f"the state backend at {where} answers again: {what} goes on")
 
 
 async def _succeeded_fields(session: StackSession, spec: StackSpec, run: st.RunRecord,
@@ -467,14 +483,24 @@ async def _succeeded_fields(session: StackSession, spec: StackSpec, run: st.RunR
     return fields
 
 
-async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved) -> None:
-    """A currentUpdate with no run in this process is a run interrupted with the operator (killed, or fenced
-    off when its status write failed): clear what it left in the backend and, if its update had finished
-    and succeeded, record that update rather than running the same change again."""
+async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved,
+                              then: str = "the Stack runs again") -> float | None:
+    """A currentUpdate with no run in this process is a run that did not conclude: interrupted with the
+    operator (killed, or fenced off when its status write failed), or lost with its state backend (away
+    as it failed). Once the backend answers, clear what the run left there and, if its update had finished
+    and succeeded, record that update rather than running the same change again; until then the Stack
+    waits (the seconds until it looks again; None: recovered, or nothing to recover)."""
     current = session.status.get("currentUpdate")
     if not current or session.ctx.engine.busy(session.key):
-        return
+        return None
     run = st.run_from_current_update(current)
+    waiting = await backend_still_away(session, spec.backend, probe=True, then=then)
+    if waiting is not None:
+        return waiting
+    # The Stack said its backend's outage: the run failed with it (its failure is not the program's).
+    outage, session.watched.backend_down = outage_said(session, spec.backend), ""
+    if outage:
+        said_reachable(session, outage, f"the {run.kind} {run.name}'s recovery")
     last_successful = stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful"
     project = _recovery_project(last_successful, run.project)
     try:
@@ -494,11 +520,29 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
         await session.write(currentUpdate=None, **answered, **await _succeeded_fields(session, spec, run, result))
         if run.flux_request:  # this pass plans on next, as the status now stands
             session.requests = dataclasses.replace(session.requests, flux_handled=run.flux_request)
-        return
+        return None
+    if outage and result.ok:
+        session.logger.info("the %s %s of %s/%s did not finish before its backend went away: it runs again",
+                            run.kind, run.name, session.namespace, session.name)
+        await session.write(currentUpdate=None)
+        return None
     message = f"update {run.name} was interrupted (operator restart); {result.message}"
     post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
     last = st.failed_update(session.status.get("lastUpdate"), run, st.UPDATE_INTERRUPTED, message, "", utc_now())
     await session.write(lastUpdate=last, currentUpdate=None)
+    return None
+
+
+def outage_said(session: StackSession, backend: str) -> str:
+    """Where the backend is whose outage the Stack said last, this process or the one before it (its
+    Reconciling reason BackendUnreachable), or "" if it said none."""
+    if session.watched.backend_down:
+        return session.watched.backend_down
+    said = st.condition(session.status, "Reconciling") or {}
+    address = backend_address(backend)
+    if address is None or said.get("status") != "True" or said.get("reason") != st.RECONCILING_BACKEND_UNREACHABLE:
+        return ""
+    return address_name(address)
 
 
 def _recovery_project(last_successful: Path, project_name: str) -> Path:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import socket
+import time
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
@@ -105,6 +107,9 @@ class UpdateResult:
     # recover: the interrupted run had finished its update, and succeeded; the result is that update's
     # (summary, outputs), read back from the backend.
     finished: bool = False
+    # A CLI run of the operation could not delete its lock from the backend: cleared before the Stack's
+    # next operation (the operation's own outcome stands).
+    lock_left: bool = False
 
     @property
     def ok(self) -> bool:
@@ -116,7 +121,8 @@ class UpdateResult:
             "outcome": self.outcome, "message": self.message, "permalink": self.permalink, "summary": self.summary,
             "outputs": {k: {"value": v, "secret": secret} for k, (v, secret) in self.outputs.items()},
             "reason": self.reason, "real_outputs": self.real_outputs, "outputs_error": self.outputs_error,
-            "output_digests": self.output_digests, "outputs_digest": self.outputs_digest, "finished": self.finished})
+            "output_digests": self.output_digests, "outputs_digest": self.outputs_digest, "finished": self.finished,
+            "lock_left": self.lock_left})
 
     @classmethod
     def from_json(cls, text: str, duration: float) -> "UpdateResult":
@@ -127,7 +133,7 @@ class UpdateResult:
         return cls(body["outcome"], redact(body.get("message", "")), outputs, body.get("permalink", ""),
                    body.get("summary", {}), duration, body.get("reason", ""), real,
                    redact(body.get("outputs_error", "")), dict(body.get("output_digests") or {}),
-                   body.get("outputs_digest", ""), bool(body.get("finished")))
+                   body.get("outputs_digest", ""), bool(body.get("finished")), bool(body.get("lock_left")))
 
 
 def register_secret_outputs(outputs: dict[str, tuple[Any, bool]], real: dict[str, Any] | None) -> None:
@@ -232,7 +238,10 @@ class SerializedEngine:
         lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
         async with lock, self._slots:
             lost = self._lost_runs.get(request.stack_key)
-            if lost is not None:
+            if lost is not None and operation == "recover":
+                # The recovery of the Stack's last run clears the lost run's lock itself.
+                request = dataclasses.replace(request, interrupted_since=min(request.interrupted_since, lost[1]))
+            elif lost is not None:
                 recovered = await self._run_locked("recover", dataclasses.replace(
                     request, interrupted_host=self._lock_host(request.stack_key, lost[0]),
                     interrupted_since=lost[1], interrupted_run=""))
@@ -240,7 +249,13 @@ class SerializedEngine:
                     return dataclasses.replace(recovered, outcome="failed", message=(
                         f"clearing the lock the last run left in the backend failed: {recovered.message}"))
                 del self._lost_runs[request.stack_key]
-            return await self._run_locked(operation, request)
+            started_at = time.time()
+            result = await self._run_locked(operation, request)
+            if operation == "recover" and result.ok:
+                self._lost_runs.pop(request.stack_key, None)
+            if result.lock_left:
+                self.lost_run(request.stack_key, socket.gethostname(), started_at)
+            return result
 
     async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         raise NotImplementedError

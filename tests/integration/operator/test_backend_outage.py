@@ -2,32 +2,40 @@
 lasts (Reconciling, reason BackendUnreachable, and a Warning Event naming where), says when it is back,
 and ends Ready with no lock left (issue #27 item 4: before, it only said "stack is being processed").
 An update or a destroy that fails at once because its store is away (starting, or ending) is the outage's
-too: the Stack says so, counts no failure and runs once the store answers.
+too: the Stack says so, counts no failure and runs once the store answers. The lock such a run leaves is
+cleared before the Stack's next operation, by the operator that lost the run or, restarted meanwhile, the
+next (the run stays in status.currentUpdate), as is the lock of an update that finished but whose store was
+gone as it deleted that lock.
 
 The store is the real MinIO; the outage is its TCP path cut (every connection closed, new ones
-refused) and mended, so the session's MinIO serves the other tests meanwhile."""
+refused) and mended, so the session's MinIO serves the other tests meanwhile; cut by hand, or by the link
+itself at a given request of the engine's."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 from strata_components import s3
 from strata_components.local import processes
 
-from .conftest import PASSPHRASE, Stacks, has_condition, stash_program
+from .conftest import PASSPHRASE, Operator, Stacks, has_condition, stash_program
 
 RESOURCES = 120  # enough checkpoint writes that the update is still running when the path is cut
 OUTAGE = 30.0
+REQUEST_LINE = re.compile(r"^[A-Z]+ /\S* HTTP/1\.1$")
 
 
 class CuttableLink:
-    """A TCP path from a local port to `target` that can be cut and mended."""
+    """A TCP path from a local port to `target` that can be cut and mended; with `trip`, it cuts itself
+    when a client sends what `trip` is true of (that request never arrives)."""
 
-    def __init__(self, target: tuple[str, int]):
-        self.target, self.port = target, processes.free_ports(1)[0]
+    def __init__(self, target: tuple[str, int], trip: Callable[[bytes], bool] | None = None):
+        self.target, self.port, self.trip = target, processes.free_ports(1)[0], trip
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
 
@@ -67,13 +75,15 @@ class CuttableLink:
             upstream.settimeout(None)
             self._keep(client)
             self._keep(upstream)
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            for source, sink, trip in ((client, upstream, self.trip), (upstream, client, None)):
+                threading.Thread(target=self._pump, args=(source, sink, trip), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, trip: Callable[[bytes], bool] | None) -> None:
         try:
             while data := source.recv(65536):
+                if trip is not None and trip(data):
+                    self.cut()
+                    return
                 sink.sendall(data)
         except OSError:
             pass
@@ -83,6 +93,28 @@ class CuttableLink:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class Requests:
+    """Trips a CuttableLink on the first request for which `after(line)` holds, once `before(line)` held
+    for `times` earlier requests (each an HTTP request line: "PUT /bucket/key?query HTTP/1.1")."""
+
+    def __init__(self, before: Callable[[str], bool], after: Callable[[str], bool], times: int = 1):
+        self.before, self.after, self.seen, self.times = before, after, 0, times
+
+    def __call__(self, data: bytes) -> bool:
+        line = data.split(b"\r\n", 1)[0].decode("latin-1")
+        if not REQUEST_LINE.match(line):
+            return False  # the rest of a request: its body, sent after its headers
+        if self.seen >= self.times and self.after(line):
+            return True
+        self.seen += self.before(line)
+        return False
+
+
+def writes(kind: str) -> Callable[[str], bool]:
+    """A request writing one of the backend's `kind` files (locks, history, stacks)."""
+    return lambda line: line.startswith("PUT ") and f"/.pulumi/{kind}/" in line
 
 
 def _keys(endpoint: str, bucket: str, root: s3.Credentials, prefix: str) -> list[str]:
@@ -96,14 +128,15 @@ def _locks(endpoint: str, bucket: str, root: s3.Credentials) -> list[str]:
 
 
 def stored_behind(stacks: Stacks, object_store, resources: int, mended: bool,
-                  **spec: object) -> tuple[CuttableLink, str]:
-    """A bucket reached through a link (unless `mended`, its port refuses), and a Stack `stored` of a
-    Program of `resources` Stash resources keeping its state there (and `spec`); the link and the bucket."""
+                  trip: Callable[[bytes], bool] | None = None, **spec: object) -> tuple[CuttableLink, str]:
+    """A bucket reached through a link (unless `mended`, its port refuses; with `trip`, it cuts itself),
+    and a Stack `stored` of a Program of `resources` Stash resources keeping its state there (and `spec`);
+    the link and the bucket."""
     endpoint, root = object_store
     bucket = f"outage-{uuid.uuid4().hex[:8]}"
     s3.ensure_bucket(endpoint, bucket, root)
     host, port = endpoint.removeprefix("http://").split(":")
-    link = CuttableLink((host, int(port)))
+    link = CuttableLink((host, int(port)), trip)
     if mended:
         link.mend()
     stacks.secret("store", {"AWS_ACCESS_KEY_ID": root.access_key_id, "AWS_SECRET_ACCESS_KEY": root.secret_access_key,
@@ -182,5 +215,62 @@ def test_an_update_or_destroy_whose_object_store_is_away_as_it_starts_waits_for_
         assert not stacks.events("stored", "StackUpdateFailure")
         keys = _keys(endpoint, bucket, root, ".pulumi/")
         assert not [k for k in keys if k.endswith("/dev.json") or "/locks/" in k], keys
+    finally:
+        link.cut()
+
+
+def test_an_update_whose_store_went_away_as_it_deleted_its_lock_is_ready_and_the_lock_goes_before_the_next(
+        stacks: Stacks, object_store):
+    endpoint, root = object_store
+    # The update finished in the bucket (its history written); deleting its lock finds the store gone. The
+    # CLI says so and exits 0: before, the next update found that lock and stalled as a conflict.
+    link, bucket = stored_behind(stacks, object_store, 3, mended=True, trip=Requests(
+        writes("history"), lambda line: line.startswith("DELETE ") and "/.pulumi/locks/" in line))
+    try:
+        ready = stacks.wait_ready("stored", timeout=120)
+        assert ready["status"]["lastUpdate"]["state"] == "succeeded"
+        (left,) = stacks.wait_events("stored", "BackendLockLeft")
+        assert left.type == "Warning" and left.message.endswith(
+            "the state backend did not answer as it deleted the stack's lock: the operator deletes it before the "
+            "Stack's next operation"), left.message
+        assert len(_locks(endpoint, bucket, root)) == 1
+
+        link.trip = None
+        link.mend()
+        stacks.replace_program("many", stash_program(r0="changed", r1="v1", r2="v2"))
+        changed = stacks.wait("stored", lambda o: has_condition(o, "Ready") and (o["status"].get("outputs") or {})
+                              .get("r0") == "changed", 120, "Ready with the changed Program")
+        assert changed["status"]["lastUpdate"]["state"] == "succeeded"
+        assert not stacks.events("stored", "StackUpdateConflictDetected")
+        assert _locks(endpoint, bucket, root) == []
+    finally:
+        link.cut()
+
+
+def test_a_run_lost_with_its_store_is_settled_by_the_next_operator_once_the_store_answers(
+        stacks: Stacks, object_store, operator: Operator):
+    endpoint, root = object_store
+    # The update takes its lock (the stack's second, after `stack init`'s) and the store is gone at once:
+    # the run fails, its lock left behind, while the Stack waits for the store.
+    link, bucket = stored_behind(stacks, object_store, 3, mended=True,
+                                 trip=Requests(writes("locks"), lambda line: True, times=2))
+    try:
+        waiting = stacks.wait("stored", lambda o: any(
+            c["type"] == "Reconciling" and c.get("reason") == "BackendUnreachable"
+            and c["message"].endswith("the Stack runs again once it answers")
+            for c in (o.get("status") or {}).get("conditions") or []), 120,
+            "the run stopped, and the Stack waiting for the store")
+        assert waiting["status"].get("currentUpdate"), waiting["status"]  # the run ended, but is not settled
+        assert len(_locks(endpoint, bucket, root)) == 1
+        # The operator restarts, and finds the store back: the run it lost is in the status, not in its memory.
+        operator.stop()
+        link.trip = None
+        link.mend()
+        operator.start()
+        ready = stacks.wait_ready("stored", timeout=120)
+        assert ready["status"]["lastUpdate"]["state"] == "succeeded" and not ready["status"].get("currentUpdate")
+        assert not stacks.events("stored", "StackUpdateConflictDetected")
+        assert not stacks.events("stored", "StackUpdateFailure")
+        assert _locks(endpoint, bucket, root) == []
     finally:
         link.cut()

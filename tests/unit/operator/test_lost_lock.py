@@ -1,13 +1,21 @@
 """A run may leave its lock in the backend when its CLI cannot release it: its backend stopped answering
-(the controller sees that), or its workspace pod was lost (the pod executor sees that). Either way the engine
-clears that lock before the Stack's next operation, as after a run interrupted with the operator, instead of
-the next run finding it and failing as a conflict. The executor's own runs and the apiserver are recorders."""
+(the controller sees that), or its workspace pod was lost (the pod executor sees that), or its update finished
+but the backend was gone as it deleted its lock (the worker sees that). Either way the engine clears that
+lock before the Stack's next operation, as after a run interrupted with the operator, instead of the next run
+finding it and failing as a conflict; a run lost with its backend is recovered, like one lost with the
+operator, once the backend answers. The executor's own runs and the apiserver are recorders."""
 
 import asyncio
+import contextlib
+import dataclasses
 import socket
+import time
 
+from pulumi.automation.errors import CommandError
+
+from strata_operator.api.stack import parse_stack_spec
 from strata_operator.api.status import (EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE,
-                                       RECONCILING_BACKEND_UNREACHABLE)
+                                       EVENT_UPDATE_SUCCESSFUL, RECONCILING_BACKEND_UNREACHABLE, UPDATE_INTERRUPTED)
 from strata_operator.controllers import stack_update
 from strata_operator.controllers.context import Context, OperatorSettings
 from strata_operator.controllers.stack_session import StackSession
@@ -15,6 +23,8 @@ from strata_operator.engine.pod.executor import PodEngine, WorkspaceSettings
 from strata_operator.engine.pod.workspace_pod import WorkspaceNames
 from strata_operator.engine.port import SerializedEngine, UpdateRequest, UpdateResult
 from strata_operator.engine.process.executor import EngineSettings
+from strata_operator.engine.process.worker import KnownVersionPulumiCommand, LockWatchingCommand
+from strata_operator.sources.references import Resolved
 
 REQUEST = UpdateRequest(stack_key="ns/s", stack_name="dev", project_dir="/tmp/p")
 
@@ -204,3 +214,159 @@ def test_an_outage_said_by_a_run_that_failed_is_ended_by_the_stacks_next_run(mon
                                              "strata-operator-0", 1700000100.0))
     assert events == [EVENT_BACKEND_UNREACHABLE, EVENT_BACKEND_REACHABLE]
     assert s.watched.backend_down == ""
+
+
+def test_an_operation_whose_cli_could_not_delete_its_lock_leaves_it_to_be_cleared_before_the_next():
+    class LockLeavingEngine(RecordingEngine):
+        async def _run_locked(self, operation, request):
+            self.ran.append((operation, request))
+            # The update finished; deleting its lock found the backend gone (the CLI still exits 0).
+            return UpdateResult("succeeded", lock_left=operation == "up")
+
+    engine = LockLeavingEngine()
+    before = time.time()
+    assert asyncio.run(engine.up(REQUEST)).ok
+    host, since = engine._lost_runs["ns/s"]
+    assert host == socket.gethostname() and before <= since <= time.time()
+    asyncio.run(engine.destroy(REQUEST))
+    [(_, up), (first, recovery), (then, _)] = engine.ran
+    assert (first, then) == ("recover", "destroy")
+    assert (recovery.interrupted_host, recovery.interrupted_since, recovery.interrupted_run) == (host, since, "")
+    assert engine._lost_runs == {}
+
+
+def test_the_recovery_of_a_lost_run_clears_its_lock_once_not_twice():
+    engine = RecordingEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+    engine.lost_run("ns/s", "strata-operator-0", 1700000000.0)
+    # The status's currentUpdate names the run (its start as RFC 3339 keeps whole seconds only).
+    recovery = dataclasses.replace(REQUEST, interrupted_host="strata-operator-0", interrupted_since=1700000001.0,
+                                   interrupted_run="s-1")
+    assert asyncio.run(engine.recover(recovery)).ok
+    [(operation, request)] = engine.ran
+    assert operation == "recover" and request.interrupted_run == "s-1"
+    assert (request.interrupted_host, request.interrupted_since) == ("strata-operator-0", 1700000000.0)
+    assert engine._lost_runs == {}
+
+
+def test_the_worker_notes_a_cli_run_that_could_not_delete_its_lock_whether_it_failed_or_not(tmp_path):
+    cli = tmp_path / "pulumi"
+    # What the real CLI prints when the backend goes away as it deletes its lock (backend/diy/lock.go).
+    cli.write_text('#!/bin/sh\necho "error: there was a problem deleting the lock at s3://b/.pulumi/locks/x.json, '
+                   'manual clean up may be required: connection refused" >&2\nfor arg; do code=$arg; done\nexit "$code"\n')
+    cli.chmod(0o755)
+    for code in (0, 1):
+        command = LockWatchingCommand(KnownVersionPulumiCommand("3.259.0"))
+        command.command = str(cli)
+        try:
+            command.run([str(code)], str(tmp_path), {})
+        except CommandError:
+            assert code == 1
+        assert command.lock_left
+    quiet = LockWatchingCommand(KnownVersionPulumiCommand("3.259.0"))
+    quiet.command = "/bin/true"
+    quiet.run([], str(tmp_path), {})
+    assert not quiet.lock_left and quiet.version == KnownVersionPulumiCommand("3.259.0").version
+
+
+def said(monkeypatch) -> list[str]:
+    """The reasons of the Events the controller posts, in order."""
+    events: list[str] = []
+    monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: events.append(reason))
+    return events
+
+
+@contextlib.contextmanager
+def backend(answering: bool):
+    """A local port for a backend's endpoint, taking connections or refusing them (`listen()` to mend it),
+    and its host:port."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        if answering:
+            listening.listen()
+        yield listening, f"127.0.0.1:{listening.getsockname()[1]}"
+
+
+class RecoveringEngine(RecordingEngine):
+    """A recovery answers with `recovered`; nothing else may run."""
+
+    def __init__(self, recovered: UpdateResult):
+        super().__init__(recovered)
+
+    async def _run_locked(self, operation, request):
+        assert operation == "recover", operation
+        return await super()._run_locked(operation, request)
+
+
+def interrupted(engine, tmp_path, backend: str) -> tuple[StackSession, object]:
+    """A Stack whose up s-1 never concluded (status.currentUpdate), and its spec."""
+    s = session(engine)
+    s.ctx.settings.engine = EngineSettings(state_dir=tmp_path, pulumi_command="/bin/true")
+    s.status["currentUpdate"] = {"name": "s-1", "type": "up", "generation": 1, "commit": "c1", "host": "op-0",
+                                 "startTime": "2026-11-29T10:00:00Z", "project": "p"}
+    spec = parse_stack_spec({"stack": "dev", "programRef": {"name": "p"}, "backend": backend}, "ns")
+    return s, spec
+
+
+RESOLVED = Resolved(env={}, config={}, secret_config={}, git=None)
+
+
+def test_a_run_lost_with_its_backend_is_recovered_only_once_the_backend_answers(monkeypatch, tmp_path):
+    events = said(monkeypatch)
+    engine = RecoveringEngine(UpdateResult("succeeded", "nothing to recover"))
+    with backend(answering=False) as (listening, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        s.ctx.settings.backend_probe_seconds = 7.0
+        # Restarted while the backend is away: the run's outage is said, its recovery waits.
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) == 7.0
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) == 7.0
+        assert engine.ran == [] and events == [EVENT_BACKEND_UNREACHABLE] and s.status["currentUpdate"]
+        reconciling = {c["type"]: c for c in s.status["conditions"]}["Reconciling"]
+        assert (reconciling["reason"], reconciling["message"]) == (RECONCILING_BACKEND_UNREACHABLE, (
+            f"the state backend at {where} does not answer (Connection refused): the Stack runs again once it "
+            "answers"))
+        listening.listen()
+        # Back: the lost run did not finish, and its failure was the outage's: none is counted, it runs again.
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    [(operation, request)] = engine.ran
+    assert (operation, request.interrupted_run, request.interrupted_host) == ("recover", "s-1", "op-0")
+    assert s.status["currentUpdate"] is None and "lastUpdate" not in s.status
+    assert events == [EVENT_BACKEND_UNREACHABLE, EVENT_BACKEND_REACHABLE] and s.watched.backend_down == ""
+
+
+def test_a_run_lost_with_its_backend_whose_update_had_finished_is_recorded_not_run_again(monkeypatch, tmp_path):
+    events = said(monkeypatch)
+    engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend",
+                                           summary={"create": 2}, finished=True))
+    with backend(answering=True) as (_, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        s.watched.backend_down = where  # the run failed as its backend went away, which the Stack said
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    last = s.status["lastUpdate"]
+    assert (last["name"], last["state"], last["generation"], last["lastSuccessfulCommit"]) == ("s-1", "succeeded",
+                                                                                               1, "c1")
+    assert s.status["currentUpdate"] is None
+    assert events == [EVENT_BACKEND_REACHABLE, EVENT_UPDATE_SUCCESSFUL]
+
+
+def test_a_run_interrupted_with_the_operator_and_unfinished_is_recorded_as_interrupted(monkeypatch, tmp_path):
+    monkeypatch.setattr(stack_update, "post_event", lambda *_, **__: None)
+    engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+    with backend(answering=True) as (_, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    last = s.status["lastUpdate"]
+    assert (last["name"], last["state"], last["reason"]) == ("s-1", "failed", UPDATE_INTERRUPTED)
+    assert s.status["currentUpdate"] is None
+
+
+def test_a_run_the_operator_before_a_restart_lost_with_its_backend_counts_no_failure(monkeypatch, tmp_path):
+    events = said(monkeypatch)
+    engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+    with backend(answering=True) as (_, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        # What the process before said as the run stopped; this one never saw the backend away.
+        s.status["conditions"] = [{"type": "Reconciling", "status": "True", "reason": RECONCILING_BACKEND_UNREACHABLE,
+                                   "message": f"the state backend at {where} does not answer (Connection refused)"}]
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    assert s.status["currentUpdate"] is None and "lastUpdate" not in s.status
+    assert events == [EVENT_BACKEND_REACHABLE]

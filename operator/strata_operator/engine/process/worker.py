@@ -695,19 +695,44 @@ def write_update_log(path: Path, request: dict[str, Any], result: dict[str, Any]
     partial.replace(path)
 
 
+class LockWatchingCommand(auto.PulumiCommand):
+    """`command`, noting whether a CLI run could not delete its lock from the backend (the backend went
+    away as it ended). The CLI only prints that, and exits 0 after an update that finished; the lock
+    left behind would refuse every later operation of the stack as a concurrent update."""
+
+    LOCK_NOT_DELETED = "there was a problem deleting the lock at"
+
+    def __init__(self, command: auto.PulumiCommand):  # noqa: the parent's __init__ would run `pulumi version`
+        self.command, self.version = command.command, command.version
+        self.lock_left = False
+
+    def run(self, args: list[str], cwd: str, additional_env: Mapping[str, str], on_output: Any = None,
+            on_error: Any = None) -> auto.CommandResult:
+        try:
+            result = super().run(args, cwd, additional_env, on_output, on_error)
+        except CommandError as err:
+            self.lock_left |= self.LOCK_NOT_DELETED in str(err)
+            raise
+        self.lock_left |= self.LOCK_NOT_DELETED in result.stderr
+        return result
+
+
 def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
     """Run one request as this process's only job; every failure comes back as a result, redacted."""
     redactor = request_redactor(request)
     started = time.monotonic()
     _enter(request)
     seconds: dict[str, float] = {}
+    command = LockWatchingCommand(pulumi_command)
     try:
-        result = _run(request, pulumi_command, seconds)
+        result = _run(request, command, seconds)
         output = result.pop("engine_output", "")
     except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
         result = failure_result(err, request)
         # A CommandError's text is the CLI's stdout and stderr; anything else is its message.
         output = str(err)
+    if command.lock_left:
+        result["lock_left"] = True
     result["message"] = redactor.redact(result.get("message", ""))
     if request["operation"] in LOGGED_OPERATIONS:
         # HOME is the Stack's own directory (executor.AutomationEngine.worker_env); the log goes beside it.
