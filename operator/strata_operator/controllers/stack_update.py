@@ -369,9 +369,11 @@ async def run_watched(session: StackSession, backend: str, what: str, operation:
 async def backend_still_away(session: StackSession, backend: str, probe: bool = False,
                              then: str = "the Stack runs again") -> float | None:
     """A Stack whose last run ended with its backend away (with `probe`, any Stack) runs again only once
-    the backend answers: until then it says so and looks again a probe's interval later (None: it may run)."""
+    the backend answers: until then it says so and looks again a probe's interval later (None: it may run).
+    An operator told not to probe (--backend-probe-seconds 0: it may not reach what its workspace pods
+    reach) never waits."""
     address = backend_address(backend)
-    if address is None:
+    if address is None or session.ctx.settings.backend_probe_seconds <= 0:
         return None
     where = address_name(address)
     if not probe and session.watched.backend_down != where:

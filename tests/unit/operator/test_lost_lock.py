@@ -370,3 +370,13 @@ def test_a_run_the_operator_before_a_restart_lost_with_its_backend_counts_no_fai
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
     assert s.status["currentUpdate"] is None and "lastUpdate" not in s.status
     assert events == [EVENT_BACKEND_REACHABLE]
+
+
+def test_an_operator_told_not_to_probe_its_backends_recovers_without_waiting_for_one(monkeypatch, tmp_path):
+    said(monkeypatch)
+    engine = RecoveringEngine(UpdateResult("failed", "could not list bucket"))
+    with backend(answering=False) as (_, where):  # from the operator; its workspace pods may reach it
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        s.ctx.settings.backend_probe_seconds = 0
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    assert [operation for operation, _ in engine.ran] == ["recover"]
