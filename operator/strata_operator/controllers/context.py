@@ -67,6 +67,8 @@ class Watched:
     # The state backend (host:port) whose outage this Stack said (BackendUnreachable) and has not yet said
     # is over: a run that failed while it was away leaves it to the Stack's next run to say BackendReachable.
     backend_down: str = ""
+    # The run (status.currentUpdate) that failed with its backend's outage: its recovery counts no failure.
+    outage_run: str = ""
 
 
 def intent(body: Any) -> tuple[Any, ...]:

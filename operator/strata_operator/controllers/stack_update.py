@@ -294,12 +294,16 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
                     metrics.mark_drifted(session.namespace, session.name, False)
         elif result.reason == st.RECONCILING_BACKEND_UNREACHABLE:
             # The backend's outage, not the program's failure: none is counted, and the Stack runs again
-            # once the backend answers.
-            # currentUpdate stays: whether the run's update finished, and its lock, are settled once the
-            # backend answers (recover_interrupted), by this process or, restarted, the next.
-            await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE,
-                                           f"{result.message}; the Stack runs again once it answers"))
-            return ctx.settings.backend_probe_seconds
+            # once the backend answers. currentUpdate stays: whether the run's update finished, and its lock,
+            # are settled then (recover_interrupted), by this process or, restarted, the next.
+            session.watched.outage_run = run.name
+            if session.watched.backend_down:
+                await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE,
+                                               f"{result.message}; the Stack runs again once it answers"))
+                return ctx.settings.backend_probe_seconds
+            await session.write(st.Verdict("reconciling", st.RECONCILING_PROCESSING,
+                                           f"{result.message}; the Stack runs again"))
+            return 0.0
         else:
             conflict = result.outcome == "conflict"
             refused = approval is not None and bool(approval.digest) and plan_refused(result.message)
@@ -345,24 +349,29 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
 
 async def run_watched(session: StackSession, backend: str, what: str, operation: Awaitable[UpdateResult],
                       host: str, started_at: float) -> UpdateResult:
-    """`operation`, a run of the Stack started on `host` at `started_at`, with its backend watched. If it
-    failed while the backend did not answer, its CLI may have given up holding its lock, which it could
-    not release: the engine clears that lock before the Stack's next operation. If the backend still
-    does not answer when it failed, the outage is said (as by a watch's probe) and the result's reason
-    is BackendUnreachable: a run that failed at once, starting or ending, is the outage's too."""
+    """`operation`, a run of the Stack started on `host` at `started_at`, with its backend watched. A run
+    that failed while its backend was away, or as it came back, failed with the outage, not the program:
+    the result's reason is BackendUnreachable, and its CLI may have given up holding its lock, which it
+    could not release, so the engine clears that lock before the Stack's next operation. If the backend
+    still does not answer, the outage is said (as by a watch's probe): a run that failed at once, starting
+    or ending, is the outage's too."""
     async with backend_watched(session, backend, what) as watch:
         result = await operation
         if result.ok or result.outcome == "conflict" or watch is None:
             return result
         problem = await unreachable(watch.address)
-        if problem or watch.seen_down:
-            session.ctx.engine.lost_run(session.key, host, started_at)
+        if not problem and not watch.seen_down:
+            return result
+        session.ctx.engine.lost_run(session.key, host, started_at)
+        session.logger.info("%s failed while its backend was away: %s", what, redact(result.message))
         if problem:
-            session.logger.info("%s failed while its backend was away: %s", what, redact(result.message))
             message = f"{not_answering(watch.where, problem)}: {what} stopped"
             if not watch.down:
                 watch.went_away(message)
-            result = dataclasses.replace(result, reason=st.RECONCILING_BACKEND_UNREACHABLE, message=message)
+        else:
+            # Its CLI gave up during the outage and failed once the backend was back (saving its snapshot, say).
+            message = f"the state backend at {watch.where} went away during {what}, which failed ({result.message})"
+        result = dataclasses.replace(result, reason=st.RECONCILING_BACKEND_UNREACHABLE, message=message)
     return result
 
 
@@ -499,10 +508,14 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
     waiting = await backend_still_away(session, spec.backend, probe=True, then=then)
     if waiting is not None:
         return waiting
-    # The Stack said its backend's outage: the run failed with it (its failure is not the program's).
-    outage, session.watched.backend_down = outage_said(session, spec.backend), ""
-    if outage:
-        said_reachable(session, outage, f"the {run.kind} {run.name}'s recovery")
+    # Whether the run failed with its backend's outage (this process saw it, or the one before said the
+    # outage), which counts no failure; and the end of an outage the Stack said, not yet said to be over.
+    lost_here = session.watched.outage_run == run.name
+    unended = session.watched.backend_down or ("" if lost_here else outage_said_before(session, spec.backend))
+    session.watched.backend_down = session.watched.outage_run = ""
+    if unended:
+        said_reachable(session, unended, f"the {run.kind} {run.name}'s recovery")
+    outage = lost_here or bool(unended)
     last_successful = stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful"
     project = _recovery_project(last_successful, run.project)
     try:
@@ -535,11 +548,9 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
     return None
 
 
-def outage_said(session: StackSession, backend: str) -> str:
-    """Where the backend is whose outage the Stack said last, this process or the one before it (its
-    Reconciling reason BackendUnreachable), or "" if it said none."""
-    if session.watched.backend_down:
-        return session.watched.backend_down
+def outage_said_before(session: StackSession, backend: str) -> str:
+    """Where the backend is whose outage the Stack says (its Reconciling reason BackendUnreachable, said
+    by the process before this one), or ""."""
     said = st.condition(session.status, "Reconciling") or {}
     address = backend_address(backend)
     if address is None or said.get("status") != "True" or said.get("reason") != st.RECONCILING_BACKEND_UNREACHABLE:

@@ -380,3 +380,34 @@ def test_an_operator_told_not_to_probe_its_backends_recovers_without_waiting_for
         s.ctx.settings.backend_probe_seconds = 0
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
     assert [operation for operation, _ in engine.ran] == ["recover"]
+
+
+def test_a_run_that_failed_as_its_backend_came_back_failed_with_the_outage(monkeypatch):
+    events = said(monkeypatch)
+    engine = RecordingEngine()
+    s = session(engine)
+    with backend(answering=False) as (listening, where):
+        async def outage_then_failure() -> UpdateResult:
+            await asyncio.sleep(0.1)  # the watch sees the backend away
+            listening.listen()
+            await asyncio.sleep(0.1)  # and back; the CLI, having given up meanwhile, fails now
+            return UpdateResult("failed", "failed to save snapshot: operation error S3: PutObject")
+
+        result = asyncio.run(stack_update.run_watched(s, f"s3://state?endpoint={where}", "the up s-1",
+                                                      outage_then_failure(), "strata-operator-0", 1700000000.0))
+    assert (result.reason, result.message) == (RECONCILING_BACKEND_UNREACHABLE, (
+        f"the state backend at {where} went away during the up s-1, which failed (failed to save snapshot: "
+        "operation error S3: PutObject)"))
+    assert engine._lost_runs == {"ns/s": ("strata-operator-0", 1700000000.0)}
+    assert events == [EVENT_BACKEND_UNREACHABLE, EVENT_BACKEND_REACHABLE] and s.watched.backend_down == ""
+
+
+def test_the_recovery_of_a_run_this_operator_saw_fail_with_the_outage_counts_no_failure(monkeypatch, tmp_path):
+    events = said(monkeypatch)
+    engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+    with backend(answering=True) as (_, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        s.watched.outage_run = "s-1"  # its watch already said the backend was back
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    assert s.status["currentUpdate"] is None and "lastUpdate" not in s.status
+    assert events == [] and s.watched.outage_run == ""
