@@ -541,7 +541,8 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
                             run.kind, run.name, session.namespace, session.name)
         await session.write(currentUpdate=None)
         return None
-    message = f"update {run.name} was interrupted (operator restart); {result.message}"
+    cause = "its state backend's outage" if outage else "operator restart"
+    message = f"update {run.name} was interrupted ({cause}); {result.message}"
     post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
     last = st.failed_update(session.status.get("lastUpdate"), run, st.UPDATE_INTERRUPTED, message, "", utc_now())
     await session.write(lastUpdate=last, currentUpdate=None)

@@ -411,3 +411,16 @@ def test_the_recovery_of_a_run_this_operator_saw_fail_with_the_outage_counts_no_
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
     assert s.status["currentUpdate"] is None and "lastUpdate" not in s.status
     assert events == [] and s.watched.outage_run == ""
+
+
+def test_a_run_lost_with_its_backend_whose_lock_cannot_be_cleared_says_the_outage_interrupted_it(monkeypatch,
+                                                                                                 tmp_path):
+    said(monkeypatch)
+    engine = RecoveringEngine(UpdateResult("failed", "could not list bucket: connection reset"))
+    with backend(answering=True) as (_, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        s.watched.outage_run = "s-1"
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    last = s.status["lastUpdate"]
+    assert (last["reason"], last["message"]) == (UPDATE_INTERRUPTED, (
+        "update s-1 was interrupted (its state backend's outage); could not list bucket: connection reset"))
