@@ -182,7 +182,6 @@ def test_a_running_updates_object_store_gone_for_a_while_is_said_while_it_lasts_
         # The CLI may have failed to save a snapshot meanwhile, and then fails once the store is back: that
         # failure is the outage's too, so none is counted and the Stack runs again at once.
         assert not stacks.events("stored", "StackUpdateFailure")
-        print(f"engine runs: {stacks.runs('stored')}")
     finally:
         link.cut()
 
