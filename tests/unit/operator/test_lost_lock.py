@@ -123,6 +123,24 @@ def refused_port() -> int:
         return listening.getsockname()[1]  # bound, never listening: refused
 
 
+def events_said(monkeypatch) -> list[str]:
+    """The reasons of the Events the controller posts, in order."""
+    events: list[str] = []
+    monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: events.append(reason))
+    return events
+
+
+@contextlib.contextmanager
+def backend_port(answering: bool):
+    """A local port for a backend's endpoint, taking connections or refusing them (`listen()` to mend it),
+    and its host:port."""
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        if answering:
+            listening.listen()
+        yield listening, f"127.0.0.1:{listening.getsockname()[1]}"
+
+
 async def slowly(result: UpdateResult) -> UpdateResult:
     await asyncio.sleep(0.2)  # long enough for the watch's probes
     return result
@@ -162,9 +180,7 @@ def test_a_run_that_failed_at_once_with_its_backend_away_says_the_outage_the_wat
 def test_a_stack_whose_backend_is_still_away_waits_for_it_and_runs_once_it_answers():
     s = session(RecordingEngine())
     s.ctx.settings.backend_probe_seconds = 7.0
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        where = f"127.0.0.1:{listening.getsockname()[1]}"
+    with backend_port(answering=False) as (listening, where):
         backend = f"s3://state?endpoint={where}"
         assert asyncio.run(stack_update.backend_still_away(s, backend)) is None  # never said away: runs
         s.watched.backend_down = where
@@ -180,8 +196,7 @@ def test_a_stack_whose_backend_is_still_away_waits_for_it_and_runs_once_it_answe
 
 
 def test_a_watch_remembers_its_backend_went_away_after_it_came_back(monkeypatch):
-    events = []
-    monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: events.append(reason))
+    events = events_said(monkeypatch)
     watch = stack_update.BackendWatch(session(RecordingEngine()), ("127.0.0.1", refused_port()), "the up s-1")
 
     async def probe_a_while():
@@ -198,17 +213,15 @@ def test_a_watch_remembers_its_backend_went_away_after_it_came_back(monkeypatch)
 
 
 def test_an_outage_said_by_a_run_that_failed_is_ended_by_the_stacks_next_run(monkeypatch):
-    events = []
-    monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: events.append(reason))
+    events = events_said(monkeypatch)
     s = session(RecordingEngine())
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        backend = f"s3://state?endpoint=127.0.0.1:{listening.getsockname()[1]}"
+    with backend_port(answering=False) as (listening, where):
+        backend = f"s3://state?endpoint={where}"
         failed = asyncio.run(stack_update.run_watched(s, backend, "the up s-1",
                                                       slowly(UpdateResult("failed", "the CLI gave up")),
                                                       "strata-operator-0", 1700000000.0))
         assert not failed.ok and events == [EVENT_BACKEND_UNREACHABLE]
-        assert s.watched.backend_down == f"127.0.0.1:{listening.getsockname()[1]}"
+        assert s.watched.backend_down == where
         listening.listen()  # the backend is back before the Stack's next run
         asyncio.run(stack_update.run_watched(s, backend, "the up s-2", slowly(UpdateResult("succeeded")),
                                              "strata-operator-0", 1700000100.0))
@@ -268,29 +281,8 @@ def test_the_worker_notes_a_cli_run_that_could_not_delete_its_lock_whether_it_fa
     assert not quiet.lock_left and quiet.version == KnownVersionPulumiCommand("3.259.0").version
 
 
-def said(monkeypatch) -> list[str]:
-    """The reasons of the Events the controller posts, in order."""
-    events: list[str] = []
-    monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: events.append(reason))
-    return events
-
-
-@contextlib.contextmanager
-def backend(answering: bool):
-    """A local port for a backend's endpoint, taking connections or refusing them (`listen()` to mend it),
-    and its host:port."""
-    with socket.socket() as listening:
-        listening.bind(("127.0.0.1", 0))
-        if answering:
-            listening.listen()
-        yield listening, f"127.0.0.1:{listening.getsockname()[1]}"
-
-
 class RecoveringEngine(RecordingEngine):
-    """A recovery answers with `recovered`; nothing else may run."""
-
-    def __init__(self, recovered: UpdateResult):
-        super().__init__(recovered)
+    """A recovery answers with the one result given; nothing else may run."""
 
     async def _run_locked(self, operation, request):
         assert operation == "recover", operation
@@ -311,9 +303,9 @@ RESOLVED = Resolved(env={}, config={}, secret_config={}, git=None)
 
 
 def test_a_run_lost_with_its_backend_is_recovered_only_once_the_backend_answers(monkeypatch, tmp_path):
-    events = said(monkeypatch)
+    events = events_said(monkeypatch)
     engine = RecoveringEngine(UpdateResult("succeeded", "nothing to recover"))
-    with backend(answering=False) as (listening, where):
+    with backend_port(answering=False) as (listening, where):
         s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
         s.ctx.settings.backend_probe_seconds = 7.0
         # Restarted while the backend is away: the run's outage is said, its recovery waits.
@@ -334,10 +326,10 @@ def test_a_run_lost_with_its_backend_is_recovered_only_once_the_backend_answers(
 
 
 def test_a_run_lost_with_its_backend_whose_update_had_finished_is_recorded_not_run_again(monkeypatch, tmp_path):
-    events = said(monkeypatch)
+    events = events_said(monkeypatch)
     engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend",
                                            summary={"create": 2}, finished=True))
-    with backend(answering=True) as (_, where):
+    with backend_port(answering=True) as (_, where):
         s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
         s.watched.backend_down = where  # the run failed as its backend went away, which the Stack said
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
@@ -351,7 +343,7 @@ def test_a_run_lost_with_its_backend_whose_update_had_finished_is_recorded_not_r
 def test_a_run_interrupted_with_the_operator_and_unfinished_is_recorded_as_interrupted(monkeypatch, tmp_path):
     monkeypatch.setattr(stack_update, "post_event", lambda *_, **__: None)
     engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
-    with backend(answering=True) as (_, where):
+    with backend_port(answering=True) as (_, where):
         s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
     last = s.status["lastUpdate"]
@@ -360,9 +352,9 @@ def test_a_run_interrupted_with_the_operator_and_unfinished_is_recorded_as_inter
 
 
 def test_a_run_the_operator_before_a_restart_lost_with_its_backend_counts_no_failure(monkeypatch, tmp_path):
-    events = said(monkeypatch)
+    events = events_said(monkeypatch)
     engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
-    with backend(answering=True) as (_, where):
+    with backend_port(answering=True) as (_, where):
         s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
         # What the process before said as the run stopped; this one never saw the backend away.
         s.status["conditions"] = [{"type": "Reconciling", "status": "True", "reason": RECONCILING_BACKEND_UNREACHABLE,
@@ -373,9 +365,9 @@ def test_a_run_the_operator_before_a_restart_lost_with_its_backend_counts_no_fai
 
 
 def test_an_operator_told_not_to_probe_its_backends_recovers_without_waiting_for_one(monkeypatch, tmp_path):
-    said(monkeypatch)
+    events_said(monkeypatch)
     engine = RecoveringEngine(UpdateResult("failed", "could not list bucket"))
-    with backend(answering=False) as (_, where):  # from the operator; its workspace pods may reach it
+    with backend_port(answering=False) as (_, where):  # from the operator; its workspace pods may reach it
         s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
         s.ctx.settings.backend_probe_seconds = 0
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
@@ -383,10 +375,10 @@ def test_an_operator_told_not_to_probe_its_backends_recovers_without_waiting_for
 
 
 def test_a_run_that_failed_as_its_backend_came_back_failed_with_the_outage(monkeypatch):
-    events = said(monkeypatch)
+    events = events_said(monkeypatch)
     engine = RecordingEngine()
     s = session(engine)
-    with backend(answering=False) as (listening, where):
+    with backend_port(answering=False) as (listening, where):
         async def outage_then_failure() -> UpdateResult:
             await asyncio.sleep(0.1)  # the watch sees the backend away
             listening.listen()
@@ -403,9 +395,9 @@ def test_a_run_that_failed_as_its_backend_came_back_failed_with_the_outage(monke
 
 
 def test_the_recovery_of_a_run_this_operator_saw_fail_with_the_outage_counts_no_failure(monkeypatch, tmp_path):
-    events = said(monkeypatch)
+    events = events_said(monkeypatch)
     engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
-    with backend(answering=True) as (_, where):
+    with backend_port(answering=True) as (_, where):
         s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
         s.watched.outage_run = "s-1"  # its watch already said the backend was back
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
@@ -415,9 +407,9 @@ def test_the_recovery_of_a_run_this_operator_saw_fail_with_the_outage_counts_no_
 
 def test_a_run_lost_with_its_backend_whose_lock_cannot_be_cleared_says_the_outage_interrupted_it(monkeypatch,
                                                                                                  tmp_path):
-    said(monkeypatch)
+    events_said(monkeypatch)
     engine = RecoveringEngine(UpdateResult("failed", "could not list bucket: connection reset"))
-    with backend(answering=True) as (_, where):
+    with backend_port(answering=True) as (_, where):
         s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
         s.watched.outage_run = "s-1"
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
