@@ -318,6 +318,39 @@ def test_the_operator_killed_mid_update_leaves_the_update_to_finish_and_its_succ
     assert not _locks(teams["beta"]["state"])
 
 
+def test_a_workspace_pod_lost_after_its_update_finished_has_that_update_recorded_not_run_again(teams, kube_client):
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace, state = teams["beta"]["namespace"], teams["beta"]["state"]
+    marker = _start_slow_update(custom, namespace, "beta")
+    run = _stack(custom, namespace)["status"]["currentUpdate"]["name"]
+    _wait_running_in_pod(state)
+    # The agent frozen, the update finishes in its worker but is never answered; then the pod goes.
+    pod = core.read_namespaced_pod("app-workspace", namespace).metadata.uid
+    agent = _agent_pid(pod)
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        processes.wait_until(lambda: not _locks(state), 120, "the update finished in the frozen pod (its lock "
+                             "gone)", interval=0.1)
+        updates = _updates(state)
+        assert _stack(custom, namespace)["status"]["currentUpdate"]["name"] == run
+        core.delete_namespaced_pod("app-workspace", namespace, grace_period_seconds=0)
+        # Killed frozen: resumed before the kubelet kills it, the agent would still answer.
+        processes.wait_until(lambda: not Path(f"/proc/{agent}").exists(), 60, "the frozen agent killed with its pod")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGCONT)
+    stack = _wait(custom, namespace, lambda s: _ready(s) and (s["status"].get("outputs") or {}).get("marker") == marker,
+                  "beta Ready with the new revision after its pod was lost", timeout=300)
+    # The run the pod finished is recorded, from the backend's history: no second update of the same change.
+    assert (stack["status"]["lastUpdate"]["state"], stack["status"]["lastUpdate"]["name"]) == ("succeeded", run)
+    assert _updates(state) == updates
+    events = [(e.reason, e.message) for e in core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=app").items]
+    assert ("StackUpdateRecovered", "the workspace pod app-workspace was deleted during the up, after its update "
+            "had finished: that update is recorded, not run again") in events, events
+    assert not _locks(state)
+
+
 def test_the_node_restarted_mid_update_is_reported_and_the_stack_converges(teams, kube_client, platform, node,
                                                                            toolchain):
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
@@ -352,6 +385,23 @@ def _wait_running_in_pod(state: Path) -> None:
     before the operator hands the run to the pod."""
     processes.wait_until(lambda: _locks(state), 120, "the update running in the workspace pod (its lock in the "
                          "backend)", interval=0.1)
+
+
+def _updates(state: Path) -> list[str]:
+    """The updates a `file://` backend's history holds, oldest first."""
+    return sorted(path.name for path in (state / ".pulumi" / "history").rglob("*.history.json"))
+
+
+def _agent_pid(pod_uid: str) -> int:
+    """The workspace agent's process: the node's containers are this host's processes, each in its pod's
+    cgroup (named by the pod's uid, with dashes or, under systemd, underscores)."""
+    marks = (pod_uid, pod_uid.replace("-", "_"))
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if (any(mark in (proc / "cgroup").read_text() for mark in marks)
+                    and b"strata_operator.engine.pod.agent" in (proc / "cmdline").read_bytes()):
+                return int(proc.name)
+    raise AssertionError(f"no workspace agent process in pod {pod_uid}")
 
 
 def _interruptions(core: client.CoreV1Api, namespace: str) -> int:

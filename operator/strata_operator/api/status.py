@@ -85,6 +85,8 @@ EVENT_BACKEND_UNREACHABLE = RECONCILING_BACKEND_UNREACHABLE
 EVENT_BACKEND_REACHABLE = "BackendReachable"
 # An update finished but could not delete its lock from the backend (gone as it ended): deleted before the next run.
 EVENT_LOCK_LEFT = "BackendLockLeft"
+# A run lost with its workspace whose update had finished: recorded, not run again.
+EVENT_UPDATE_RECOVERED = "StackUpdateRecovered"
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"

@@ -28,7 +28,7 @@ from ..decisions.outputs import (outputs_secret_conflict, outputs_secret_data, o
                                  secret_needs_write)
 from ..decisions.planning import Plan, drift_check_due, drift_status, missing_service_account, plan_stack, soonest
 from ..decisions.rollout import parse_waves
-from ..engine.port import UpdateResult, register_secret_outputs
+from ..engine.port import RUNS_AGAIN, UpdateRequest, UpdateResult, register_secret_outputs
 from ..services import metrics
 from ..services.backend_probe import backend_address, unreachable
 from ..services.events import HOST, post_event
@@ -272,6 +272,8 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
         result = await run_watched(session, spec.backend, f"the {run.kind} {run.name}",
                                    ctx.engine.preview(request) if run.kind == "preview" else ctx.engine.up(request),
                                    run.host, run.started.timestamp())
+        if result.reason == st.UPDATE_INTERRUPTED and run.kind == "up":
+            result = await _finished_before_lost(session, request, run, result)
         metrics.UPDATE_DURATION.labels(run.kind, result.outcome).observe(result.duration)
         if approval is not None and approval.identity is not None and result.ok:
             return await _keep_plan(session, plan_file.read_bytes(), result.summary, approval.identity)
@@ -492,6 +494,22 @@ async def _succeeded_fields(session: StackSession, spec: StackSpec, run: st.RunR
                                                 problem, result.permalink, utc_now())
         post_event(session.body, st.EVENT_OUTPUT_FAILURE, problem, warning=True)
     return fields
+
+
+async def _finished_before_lost(session: StackSession, request: UpdateRequest, run: st.RunRecord,
+                               lost: UpdateResult) -> UpdateResult:
+    """An up lost with its workspace (its pod deleted or restarted mid-run) may have finished its update
+    just before: then that update is the result, read back from the backend, rather than a second run of
+    the same change. The recovery clears the lost run's lock either way; if it cannot run, the next
+    operation's does."""
+    recovered = await session.ctx.engine.recover(dataclasses.replace(
+        request, interrupted_host=run.host, interrupted_since=run.started.timestamp(), interrupted_run=run.name))
+    if not recovered.finished:
+        return lost
+    post_event(session.body, st.EVENT_UPDATE_RECOVERED, (
+        f"{lost.message.removesuffix(RUNS_AGAIN)}, after its update had finished: that update is recorded, "
+        "not run again"), revision=run.commit)
+    return dataclasses.replace(recovered, duration=lost.duration)
 
 
 async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved,

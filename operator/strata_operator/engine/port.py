@@ -89,6 +89,11 @@ class UpdateRequest:
                       for name, value in body.items() if name in fields})
 
 
+# How an interrupted run's message ends (reason UpdateInterrupted): what follows, unless the run's update
+# turns out to have finished before it was lost.
+RUNS_AGAIN = "; it is run again"
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateResult:
     outcome: Outcome

@@ -10,18 +10,20 @@ import contextlib
 import dataclasses
 import socket
 import time
+from datetime import datetime, timezone
 
 from pulumi.automation.errors import CommandError
 
+from strata_operator.api import status as st
 from strata_operator.api.stack import parse_stack_spec
-from strata_operator.api.status import (EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE,
+from strata_operator.api.status import (EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE, EVENT_UPDATE_RECOVERED,
                                        EVENT_UPDATE_SUCCESSFUL, RECONCILING_BACKEND_UNREACHABLE, UPDATE_INTERRUPTED)
 from strata_operator.controllers import stack_update
 from strata_operator.controllers.context import Context, OperatorSettings
 from strata_operator.controllers.stack_session import StackSession
 from strata_operator.engine.pod.executor import PodEngine, WorkspaceSettings
 from strata_operator.engine.pod.workspace_pod import WorkspaceNames
-from strata_operator.engine.port import SerializedEngine, UpdateRequest, UpdateResult
+from strata_operator.engine.port import RUNS_AGAIN, SerializedEngine, UpdateRequest, UpdateResult
 from strata_operator.engine.process.executor import EngineSettings
 from strata_operator.engine.process.worker import KnownVersionPulumiCommand, LockWatchingCommand
 from strata_operator.sources.references import Resolved
@@ -416,3 +418,56 @@ def test_a_run_lost_with_its_backend_whose_lock_cannot_be_cleared_says_the_outag
     last = s.status["lastUpdate"]
     assert (last["reason"], last["message"]) == (UPDATE_INTERRUPTED, (
         "update s-1 was interrupted (its state backend's outage); could not list bucket: connection reset"))
+
+
+class WorkspaceLosingEngine(RecordingEngine):
+    """An up lost with its workspace pod (recorded as the pod executor does); a recovery answers with the
+    one result given."""
+
+    async def _run_locked(self, operation, request):
+        if operation == "recover":
+            return await super()._run_locked(operation, request)
+        self.ran.append((operation, request))
+        self.lost_run(request.stack_key, "s-workspace", 1700000000.0)
+        return UpdateResult("failed", f"the workspace pod s-workspace was deleted during the up{RUNS_AGAIN}",
+                            reason=UPDATE_INTERRUPTED, duration=4.0)
+
+
+LOST_UP = st.RunRecord(name="s-1a2b3c4d", kind="up", generation=1, reconcile_request="", commit="c1",
+                       started=datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc), host="s-workspace")
+
+
+def test_an_up_lost_with_its_workspace_after_its_update_finished_is_that_update_not_a_second(monkeypatch):
+    said = []
+    monkeypatch.setattr(stack_update, "post_event", lambda body, reason, message, **_: said.append((reason, message)))
+    finished = UpdateResult("succeeded", "nothing to recover", summary={"update": 1}, finished=True)
+    engine = WorkspaceLosingEngine(finished)
+    lost = asyncio.run(engine.up(REQUEST))
+    result = asyncio.run(stack_update._finished_before_lost(session(engine), REQUEST, LOST_UP, lost))
+    assert (result.ok, result.finished, result.summary, result.duration) == (True, True, {"update": 1}, 4.0)
+    [_, (operation, recovery)] = engine.ran
+    # The recovery looks for this run's update in the backend's history, and clears the lost run's lock.
+    assert (operation, recovery.interrupted_run, recovery.interrupted_since) == ("recover", "s-1a2b3c4d",
+                                                                                 1700000000.0)
+    assert engine._lost_runs == {}
+    assert said == [(EVENT_UPDATE_RECOVERED, "the workspace pod s-workspace was deleted during the up, after its "
+                                             "update had finished: that update is recorded, not run again")]
+
+
+def test_an_up_lost_with_its_workspace_before_its_update_finished_runs_again_with_its_lock_cleared(monkeypatch):
+    monkeypatch.setattr(stack_update, "post_event", lambda *_, **__: None)
+    engine = WorkspaceLosingEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+    lost = asyncio.run(engine.up(REQUEST))
+    assert asyncio.run(stack_update._finished_before_lost(session(engine), REQUEST, LOST_UP, lost)) is lost
+    assert [operation for operation, _ in engine.ran] == ["up", "recover"] and engine._lost_runs == {}
+    # The next up runs at once, with no second recovery.
+    asyncio.run(engine.up(REQUEST))
+    assert [operation for operation, _ in engine.ran] == ["up", "recover", "up"]
+
+
+def test_an_up_lost_with_its_workspace_whose_recovery_fails_leaves_it_to_the_next_operation(monkeypatch):
+    monkeypatch.setattr(stack_update, "post_event", lambda *_, **__: None)
+    engine = WorkspaceLosingEngine(UpdateResult("failed", "the workspace pod does not answer"))
+    lost = asyncio.run(engine.up(REQUEST))
+    assert asyncio.run(stack_update._finished_before_lost(session(engine), REQUEST, LOST_UP, lost)) is lost
+    assert engine._lost_runs == {"ns/s": ("s-workspace", 1700000000.0)}

@@ -34,7 +34,7 @@ from ...api.status import OUT_OF_MEMORY, UPDATE_INTERRUPTED, WORKSPACE_FAILED
 from ...api.workspace_values import MountedRefs
 from ...services.kube import Kube
 from ...services.redaction import REDACTOR, redact
-from ..port import Operation, SerializedEngine, UpdateRequest, UpdateResult
+from ..port import RUNS_AGAIN, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from ..process.executor import EngineSettings
 from .workspace_pod import (AGENT_PORT, WorkspaceCredentials, WorkspaceNames, WorkspacePodArgs, agent_started,
                             build_agent_secret, build_service_account, build_workspace_pod, last_termination,
@@ -251,7 +251,7 @@ class PodEngine(SerializedEngine):
             return UpdateResult("failed", redact(f"{what} during the {operation}: the workspace pod ran out of "
                                                  f"memory; raise {names.resources_field}.limits.memory"),
                                 reason=OUT_OF_MEMORY, duration=time.monotonic() - started)
-        return UpdateResult("failed", redact(f"{what} during the {operation}; it is run again"),
+        return UpdateResult("failed", redact(f"{what} during the {operation}{RUNS_AGAIN}"),
                             reason=UPDATE_INTERRUPTED, duration=time.monotonic() - started)
 
     async def _reclaim(self, request: UpdateRequest) -> None:
