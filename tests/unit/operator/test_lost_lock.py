@@ -1,6 +1,6 @@
 """A run may leave its lock in the backend when its CLI cannot release it: its backend stopped answering
 (the controller sees that), or its workspace pod was lost (the pod executor sees that), or its update finished
-but the backend was gone as it deleted its lock (the worker sees that). Either way the engine clears that
+but the backend was gone as it deleted its lock, or the CLI was killed (the worker sees those). Either way the engine clears that
 lock before the Stack's next operation, as after a run interrupted with the operator, instead of the next run
 finding it and failing as a conflict; a run lost with its backend is recovered, like one lost with the
 operator, once the backend answers. The executor's own runs and the apiserver are recorders."""
@@ -12,6 +12,7 @@ import socket
 import time
 from datetime import datetime, timezone
 
+import pytest
 from pulumi.automation.errors import CommandError
 
 from strata_operator.api import status as st
@@ -281,6 +282,22 @@ def test_the_worker_notes_a_cli_run_that_could_not_delete_its_lock_whether_it_fa
     quiet.command = "/bin/true"
     quiet.run([], str(tmp_path), {})
     assert not quiet.lock_left and quiet.version == KnownVersionPulumiCommand("3.259.0").version
+
+
+def test_the_worker_notes_a_killed_cli_run_as_one_that_left_its_lock_and_says_the_signal(tmp_path):
+    cli = tmp_path / "pulumi"
+    cli.write_text('#!/bin/sh\necho "Updating (dev):"\nkill -KILL $$\n')  # as the OOM killer would
+    cli.chmod(0o755)
+    command = LockWatchingCommand(KnownVersionPulumiCommand("3.259.0"))
+    command.command = str(cli)
+    with pytest.raises(CommandError):
+        command.run(["up"], str(tmp_path), {})
+    assert (command.lock_left, command.killed_by) == (True, "SIGKILL")
+    failing = LockWatchingCommand(KnownVersionPulumiCommand("3.259.0"))
+    failing.command = "/bin/false"  # a failure of its own, with its lock released
+    with pytest.raises(CommandError):
+        failing.run([], str(tmp_path), {})
+    assert (failing.lock_left, failing.killed_by) == (False, "")
 
 
 class RecoveringEngine(RecordingEngine):

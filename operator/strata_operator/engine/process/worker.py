@@ -696,25 +696,39 @@ def write_update_log(path: Path, request: dict[str, Any], result: dict[str, Any]
 
 
 class LockWatchingCommand(auto.PulumiCommand):
-    """`command`, noting whether a CLI run could not delete its lock from the backend (the backend went
-    away as it ended). The CLI only prints that, and exits 0 after an update that finished; the lock
-    left behind would refuse every later operation of the stack as a concurrent update."""
+    """`command`, noting whether a CLI run may have left its lock in the backend: it could not delete it
+    (the backend went away as it ended; the CLI only prints that, and exits 0 after an update that
+    finished), or it was killed (the kernel's OOM killer, a kill -9) before it could. The lock left
+    behind would refuse every later operation of the stack as a concurrent update."""
 
     LOCK_NOT_DELETED = "there was a problem deleting the lock at"
+    KILLED = re.compile(r"^\s*code: -(\d+)$", re.MULTILINE)  # CommandError's text: a signal's exit code
 
     def __init__(self, command: auto.PulumiCommand):  # noqa: the parent's __init__ would run `pulumi version`
         self.command, self.version = command.command, command.version
         self.lock_left = False
+        self.killed_by = ""  # the signal that killed a CLI run, if one did
 
     def run(self, args: list[str], cwd: str, additional_env: Mapping[str, str], on_output: Any = None,
             on_error: Any = None) -> auto.CommandResult:
         try:
             result = super().run(args, cwd, additional_env, on_output, on_error)
         except CommandError as err:
-            self.lock_left |= self.LOCK_NOT_DELETED in str(err)
+            text = str(err)
+            self.lock_left |= self.LOCK_NOT_DELETED in text
+            killed = self.KILLED.search(text)
+            if killed is not None:
+                self.lock_left, self.killed_by = True, _signal_name(int(killed.group(1)))
             raise
         self.lock_left |= self.LOCK_NOT_DELETED in result.stderr
         return result
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[str, Any]:
@@ -733,6 +747,11 @@ def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[
         output = str(err)
     if command.lock_left:
         result["lock_left"] = True
+    if command.killed_by and result["outcome"] != "succeeded":
+        # Its own output says nothing of it: it was cut off.
+        result["message"] = (f"the pulumi CLI was killed by {command.killed_by} during the {request['operation']} "
+                             "(out of memory, or killed by hand); the lock it left in the backend is cleared "
+                             "before the stack's next operation")
     result["message"] = redactor.redact(result.get("message", ""))
     if request["operation"] in LOGGED_OPERATIONS:
         # HOME is the Stack's own directory (executor.AutomationEngine.worker_env); the log goes beside it.
