@@ -25,6 +25,7 @@ from strata_operator.controllers.stack_session import StackSession
 from strata_operator.engine.pod.executor import PodEngine, WorkspaceSettings
 from strata_operator.engine.pod.workspace_pod import WorkspaceNames
 from strata_operator.engine.port import RUNS_AGAIN, SerializedEngine, UpdateRequest, UpdateResult
+from strata_operator.engine.process import executor as process_executor
 from strata_operator.engine.process.executor import EngineSettings
 from strata_operator.engine.process.worker import KnownVersionPulumiCommand, LockWatchingCommand
 from strata_operator.sources.references import Resolved
@@ -298,6 +299,22 @@ def test_the_worker_notes_a_killed_cli_run_as_one_that_left_its_lock_and_says_th
     with pytest.raises(CommandError):
         failing.run([], str(tmp_path), {})
     assert (failing.lock_left, failing.killed_by) == (False, "")
+
+
+def test_a_worker_still_running_after_the_interrupts_grace_is_killed_and_said_to_have_left_its_lock(monkeypatch):
+    monkeypatch.setattr(process_executor, "CANCEL_GRACE_SECONDS", 0.3)
+
+    async def interrupted(script: str) -> bool:
+        # A worker's process group: a CLI cancelling at SIGINT stops; one stuck in a provider call does not.
+        shell = await asyncio.create_subprocess_exec("sh", "-c", script, stdin=asyncio.subprocess.PIPE,
+                                                     stdout=asyncio.subprocess.PIPE, start_new_session=True)
+        worker = process_executor.Worker(shell.pid, shell.stdout, shell.stdin)
+        await worker.interrupt()
+        await shell.wait()
+        return worker.killed
+
+    assert asyncio.run(interrupted('trap "" INT; sleep 30'))
+    assert not asyncio.run(interrupted("sleep 30"))
 
 
 class RecoveringEngine(RecordingEngine):

@@ -234,15 +234,18 @@ class AutomationEngine(SerializedEngine):
                                             timeout=self.settings.timeout_seconds)
         except asyncio.TimeoutError:
             await worker.interrupt()
-            return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s",
-                                duration=time.monotonic() - started)
+            killed = (f"; its CLI did not stop within {CANCEL_GRACE_SECONDS:g}s and was killed: the lock it left in "
+                      "the backend is cleared before the stack's next operation") if worker.killed else ""
+            return UpdateResult("failed", f"{operation} timed out after {self.settings.timeout_seconds:g}s{killed}",
+                                duration=time.monotonic() - started, lock_left=worker.killed)
         except asyncio.CancelledError:
             # The operator is stopping or the Stack was deleted: let the CLI cancel cleanly.
             await asyncio.shield(worker.interrupt())
             raise
         finally:
             self._running.pop(request.stack_key, None)
-        return _parse_worker_output(operation, stdout, worker.interrupted, time.monotonic() - started)
+        result = _parse_worker_output(operation, stdout, worker.interrupted, time.monotonic() - started)
+        return dataclasses.replace(result, lock_left=True) if worker.killed else result
 
 
 @dataclasses.dataclass
@@ -254,6 +257,7 @@ class Worker:
     writer: asyncio.StreamWriter
     exited: bool = False
     interrupted: bool = False
+    killed: bool = False  # still running after the interrupt's grace: its CLI may have left its lock
 
     async def communicate(self, payload: str) -> str:
         self.writer.write(payload.encode())
@@ -274,6 +278,7 @@ class Worker:
         deadline = time.monotonic() + CANCEL_GRACE_SECONDS
         while time.monotonic() < deadline and _alive(self.pid):
             await asyncio.sleep(0.1)
+        self.killed = _alive(self.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
         self.writer.close()
