@@ -1,6 +1,6 @@
-"""An update whose `pulumi` CLI is killed mid-run (the kernel's OOM killer, an admin's kill -9), on the real
-operator and engine: the CLI cannot release its lock, which the Stack's next update must not take for
-another update's."""
+"""An update whose `pulumi` CLI, or the worker process driving it, is killed mid-run (the kernel's OOM killer,
+an admin's kill -9), on the real operator and engine: the CLI cannot release its lock, which the Stack's next
+update must not take for another update's."""
 
 from __future__ import annotations
 
@@ -49,3 +49,23 @@ def test_an_update_whose_cli_was_killed_clears_the_lock_it_left_and_runs_again(s
                         "or killed by hand); the lock it left in the backend is cleared before the stack's next "
                         "operation"]
     assert stacks.runs("killed") == 2
+
+
+def test_an_update_whose_worker_was_killed_clears_what_its_cli_left_and_runs_again(stacks, operator):
+    program = stash_program(**{f"r{i}": f"v{i}" for i in range(COUNT)})
+    stacks.program("big-worker", program)
+    stacks.create("worker-killed", stacks.spec(programRef={"name": "big-worker"}))
+    processes.wait_until(lambda: _locks(stacks.backend), 120, "the first update holding its lock", interval=0.1)
+    cli = processes.wait_until(lambda: _update_cli(operator.pid()), 10, "the update's pulumi CLI", interval=0.1)
+    worker = int(Path(f"/proc/{cli}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(worker, signal.SIGKILL)
+    stack = stacks.wait("worker-killed", lambda o: has_condition(o, "Ready") or has_condition(o, "Stalled"), 240,
+                        "Ready or Stalled after its worker was killed")
+    failures = [e.message for e in stacks.events("worker-killed", "StackUpdateFailure")]
+    assert has_condition(stack, "Ready"), (stack["status"], failures)
+    assert not stacks.events("worker-killed", "StackUpdateConflictDetected")
+    assert not _locks(stacks.backend)
+    assert failures == ["Failed to update stack: the up's worker process ended without a result (killed: out of "
+                        "memory, or by hand); the CLI it ran was stopped, and the lock it may have left in the "
+                        "backend is cleared before the stack's next operation"]
+    assert stacks.runs("worker-killed") == 2

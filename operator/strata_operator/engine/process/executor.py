@@ -244,6 +244,10 @@ class AutomationEngine(SerializedEngine):
             raise
         finally:
             self._running.pop(request.stack_key, None)
+        if _result_line(stdout) is None and not worker.interrupted:
+            # The worker died without a result (the OOM killer, a kill -9): the CLI it started runs on unwatched,
+            # holding the stack's lock, or died writing to it. Stopped as a cancel stops it.
+            await worker.stop()
         result = _parse_worker_output(operation, stdout, worker.interrupted, time.monotonic() - started)
         return dataclasses.replace(result, lock_left=True) if worker.killed else result
 
@@ -271,8 +275,12 @@ class Worker:
         return out.decode(errors="replace")
 
     async def interrupt(self) -> None:
-        """SIGINT the worker's process group (the CLI cancels gracefully), then SIGKILL after a grace period."""
+        """Stop the operation the worker runs."""
         self.interrupted = True
+        await self.stop()
+
+    async def stop(self) -> None:
+        """SIGINT the worker's process group (the CLI cancels gracefully), then SIGKILL after a grace period."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGINT)
         deadline = time.monotonic() + CANCEL_GRACE_SECONDS
@@ -293,12 +301,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _parse_worker_output(operation: Operation, stdout: str, interrupted: bool, duration: float) -> UpdateResult:
+def _result_line(stdout: str) -> str | None:
+    """The worker's result (JSON), if it said one."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            result = UpdateResult.from_json(line[len(RESULT_PREFIX):], duration)
-            return dataclasses.replace(result, outcome="cancelled") if interrupted and not result.ok else result
+            return line[len(RESULT_PREFIX):]
+    return None
+
+
+def _parse_worker_output(operation: Operation, stdout: str, interrupted: bool, duration: float) -> UpdateResult:
+    said = _result_line(stdout)
+    if said is not None:
+        result = UpdateResult.from_json(said, duration)
+        return dataclasses.replace(result, outcome="cancelled") if interrupted and not result.ok else result
     if interrupted:
         return UpdateResult("cancelled", f"{operation} interrupted", duration=duration)
     tail = "\n".join(stdout.strip().splitlines()[-5:])
-    return UpdateResult("failed", redact(f"{operation} worker ended without a result: {tail}"), duration=duration)
+    # Its CLI, stopped or dead, may have left the stack's lock: cleared before the next operation.
+    return UpdateResult("failed", redact(
+        f"the {operation}'s worker process ended without a result "
+        f"{f'({tail})' if tail else '(killed: out of memory, or by hand)'}; the CLI it ran was stopped, and the lock "
+        "it may have left in the backend is cleared before the stack's next operation"),
+        duration=duration, lock_left=True)
