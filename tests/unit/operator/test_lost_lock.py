@@ -302,19 +302,20 @@ def test_the_worker_notes_a_killed_cli_run_as_one_that_left_its_lock_and_says_th
 
 
 def test_a_worker_still_running_after_the_interrupts_grace_is_killed_and_said_to_have_left_its_lock(monkeypatch):
-    monkeypatch.setattr(process_executor, "CANCEL_GRACE_SECONDS", 0.3)
+    monkeypatch.setattr(process_executor, "CANCEL_GRACE_SECONDS", 2.0)
 
     async def interrupted(script: str) -> bool:
         # A worker's process group: a CLI cancelling at SIGINT stops; one stuck in a provider call does not.
         shell = await asyncio.create_subprocess_exec("sh", "-c", script, stdin=asyncio.subprocess.PIPE,
                                                      stdout=asyncio.subprocess.PIPE, start_new_session=True)
+        await shell.stdout.readline()  # its trap set
         worker = process_executor.Worker(shell.pid, shell.stdout, shell.stdin)
         await worker.interrupt()
         await shell.wait()
         return worker.killed
 
-    assert asyncio.run(interrupted('trap "" INT; sleep 30'))
-    assert not asyncio.run(interrupted("sleep 30"))
+    assert asyncio.run(interrupted('trap "" INT; echo; sleep 30'))
+    assert not asyncio.run(interrupted("echo; sleep 30"))
 
 
 def test_a_worker_that_ended_without_a_result_may_have_left_its_lock_and_says_how_it_ended():

@@ -717,7 +717,8 @@ class LockWatchingCommand(auto.PulumiCommand):
             text = str(err)
             self.lock_left |= self.LOCK_NOT_DELETED in text
             killed = self.KILLED.search(text)
-            if killed is not None:
+            # SIGINT is the engine's own cancel, which the CLI answers by releasing its lock.
+            if killed is not None and int(killed.group(1)) != signal.SIGINT:
                 self.lock_left, self.killed_by = True, _signal_name(int(killed.group(1)))
             raise
         self.lock_left |= self.LOCK_NOT_DELETED in result.stderr
