@@ -294,11 +294,15 @@ def test_the_worker_notes_a_killed_cli_run_as_one_that_left_its_lock_and_says_th
     with pytest.raises(CommandError):
         command.run(["up"], str(tmp_path), {})
     assert (command.lock_left, command.killed_by) == (True, "SIGKILL")
-    failing = LockWatchingCommand(KnownVersionPulumiCommand("3.259.0"))
-    failing.command = "/bin/false"  # a failure of its own, with its lock released
-    with pytest.raises(CommandError):
-        failing.run([], str(tmp_path), {})
-    assert (failing.lock_left, failing.killed_by) == (False, "")
+    interrupted = tmp_path / "interrupted"
+    interrupted.write_text('#!/bin/sh\nkill -INT $$\n')  # the engine's own cancel: the CLI releases its lock
+    interrupted.chmod(0o755)
+    for cli, why in ((interrupted, "cancelled"), ("/bin/false", "a failure of its own")):
+        released = LockWatchingCommand(KnownVersionPulumiCommand("3.259.0"))
+        released.command = str(cli)
+        with pytest.raises(CommandError):
+            released.run([], str(tmp_path), {})
+        assert (released.lock_left, released.killed_by) == (False, ""), why
 
 
 def test_a_worker_still_running_after_the_interrupts_grace_is_killed_and_said_to_have_left_its_lock(monkeypatch):
