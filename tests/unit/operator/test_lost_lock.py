@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
+import sys
 import time
 from datetime import datetime, timezone
 
@@ -308,18 +309,22 @@ def test_the_worker_notes_a_killed_cli_run_as_one_that_left_its_lock_and_says_th
 def test_a_worker_still_running_after_the_interrupts_grace_is_killed_and_said_to_have_left_its_lock(monkeypatch):
     monkeypatch.setattr(process_executor, "CANCEL_GRACE_SECONDS", 2.0)
 
-    async def interrupted(script: str) -> bool:
+    async def interrupted(ignores_sigint: bool) -> bool:
         # A worker's process group: a CLI cancelling at SIGINT stops; one stuck in a provider call does not.
-        shell = await asyncio.create_subprocess_exec("sh", "-c", script, stdin=asyncio.subprocess.PIPE,
-                                                     stdout=asyncio.subprocess.PIPE, start_new_session=True)
-        await shell.stdout.readline()  # its trap set
-        worker = process_executor.Worker(shell.pid, shell.stdout, shell.stdin)
+        # One process, whose SIGINT disposition is set before it says so (a shell forking a child races it).
+        disposition = "signal.SIG_IGN" if ignores_sigint else "signal.default_int_handler"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", f"import signal, time; signal.signal(signal.SIGINT, {disposition}); "
+                                  "print(flush=True); time.sleep(30)",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True)
+        await process.stdout.readline()
+        worker = process_executor.Worker(process.pid, process.stdout, process.stdin)
         await worker.interrupt()
-        await shell.wait()
+        await process.wait()
         return worker.killed
 
-    assert asyncio.run(interrupted('trap "" INT; echo; sleep 30'))
-    assert not asyncio.run(interrupted("echo; sleep 30"))
+    assert asyncio.run(interrupted(ignores_sigint=True))
+    assert not asyncio.run(interrupted(ignores_sigint=False))
 
 
 def test_a_worker_that_ended_without_a_result_may_have_left_its_lock_and_says_how_it_ended():
