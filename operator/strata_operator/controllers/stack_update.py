@@ -496,14 +496,19 @@ async def _succeeded_fields(session: StackSession, spec: StackSpec, run: st.RunR
     return fields
 
 
+def _recovery_of(request: UpdateRequest, run: st.RunRecord) -> UpdateRequest:
+    """`request` as the recovery of `run`: its lock cleared, and for an up, its update looked for."""
+    return dataclasses.replace(request, interrupted_host=run.host, interrupted_since=run.started.timestamp(),
+                               interrupted_run=run.name if run.kind == "up" else "")
+
+
 async def _finished_before_lost(session: StackSession, request: UpdateRequest, run: st.RunRecord,
                                lost: UpdateResult) -> UpdateResult:
     """An up lost with its workspace (its pod deleted or restarted mid-run) may have finished its update
     just before: then that update is the result, read back from the backend, rather than a second run of
     the same change. The recovery clears the lost run's lock either way; if it cannot run, the next
     operation's does."""
-    recovered = await session.ctx.engine.recover(dataclasses.replace(
-        request, interrupted_host=run.host, interrupted_since=run.started.timestamp(), interrupted_run=run.name))
+    recovered = await session.ctx.engine.recover(_recovery_of(request, run))
     if not recovered.finished:
         return lost
     post_event(session.body, st.EVENT_UPDATE_RECOVERED, (
@@ -539,9 +544,7 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
     try:
         request = await update_request(session.ctx, spec, session.namespace, session.name, project, resolved,
                                        project)
-        request = dataclasses.replace(request, interrupted_host=run.host, interrupted_since=run.started.timestamp(),
-                                      interrupted_run=run.name if run.kind == "up" else "")
-        result = await session.ctx.engine.recover(request)
+        result = await session.ctx.engine.recover(_recovery_of(request, run))
     finally:
         if project != last_successful:
             shutil.rmtree(project, ignore_errors=True)

@@ -182,6 +182,10 @@ class Stacks:
                              f"{count} {reason} Event(s) of Stack {name}", interval=0.3)
         return self.events(name, reason)
 
+    def locks(self) -> list[Path]:
+        """The lock files in the backend: one while an update holds its stack."""
+        return list(Path(self.backend.removeprefix("file://")).glob(".pulumi/locks/**/*.json"))
+
     def runs(self, name: str) -> int:
         """Engine runs the operator started for this Stack (one StackUpdateDetected Event each)."""
         return len(self.events(name, "StackUpdateDetected"))

@@ -106,10 +106,6 @@ def test_service_account_name_hands_the_update_a_token_of_that_account(stacks):
     assert not waiting["status"].get("currentUpdate") and stacks.runs("nobody") == 0
 
 
-def _locks(stacks) -> list[Path]:
-    return list(Path(stacks.backend.removeprefix("file://")).glob(".pulumi/locks/**/*.json"))
-
-
 def test_kill_9_mid_update_then_restart_converges(stacks, operator):
     stacks.program("big", {"resources": {f"s{i}": {"type": "pulumi:index:Stash", "properties": {"input": i}}
                                          for i in range(300)}, "outputs": {"last": "${s299.input}"}})
@@ -118,14 +114,14 @@ def test_kill_9_mid_update_then_restart_converges(stacks, operator):
     processes.wait_until(lambda: _stashes_so_far(checkpoint) >= 20, 60, "the update to be part-way", interval=0.1)
     operator.kill()
     assert _stashes_so_far(checkpoint) < 300, "the update finished before the kill"
-    assert _locks(stacks), "the killed update left its lock behind"
+    assert stacks.locks(), "the killed update left its lock behind"
     assert stacks.get("big")["status"]["currentUpdate"]
 
     operator.start()
     obj = stacks.wait_ready("big", 180)
     assert obj["status"]["outputs"] == {"last": 299}
     assert _stashes_so_far(checkpoint) == 300
-    assert not _locks(stacks)
+    assert not stacks.locks()
     assert not obj["status"].get("currentUpdate")
     processes.wait_until(lambda: [e for e in stacks.events("big", "StackUpdateFailure") if "interrupted" in e.message],
                          15, "the interrupted update reported")
@@ -186,4 +182,4 @@ def test_a_stopping_operator_lets_the_running_update_finish_and_its_successor_ru
     stacks.wait_ready("drained", 60)
     eventually_constant(lambda: stacks.runs("drained"), 5)
     assert stacks.runs("drained") == 1 and len(_updates_in_history(stacks, "drained")) == 1
-    assert not _locks(stacks)
+    assert not stacks.locks()

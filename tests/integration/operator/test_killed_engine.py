@@ -18,10 +18,6 @@ COUNT = 300  # resources enough that the update lasts long enough to kill it
 CLEARED = "the lock it left in the backend is cleared before the stack's next operation"
 
 
-def _locks(backend: str) -> list[Path]:
-    return list((Path(backend.removeprefix("file://")) / ".pulumi" / "locks").rglob("*.json"))
-
-
 def _update_cli(operator_pid: int) -> int | None:
     """The operator's `pulumi up` process, if one runs."""
     for pid in processes.descendants(operator_pid):
@@ -47,7 +43,7 @@ def _parent(pid: int) -> int:
 def test_an_update_whose_engine_was_killed_clears_the_lock_it_left_and_runs_again(stacks, operator, victim, said):
     stacks.program("big", stash_program(**{f"r{i}": f"v{i}" for i in range(COUNT)}))
     stacks.create("killed", stacks.spec(programRef={"name": "big"}))
-    processes.wait_until(lambda: _locks(stacks.backend), 120, "the first update holding its lock", interval=0.1)
+    processes.wait_until(stacks.locks, 120, "the first update holding its lock", interval=0.1)
     cli = processes.wait_until(lambda: _update_cli(operator.pid()), 10, "the update's pulumi CLI", interval=0.1)
     os.kill(cli if victim == "cli" else _parent(cli), signal.SIGKILL)
     stack = stacks.wait("killed", lambda o: has_condition(o, "Ready") or has_condition(o, "Stalled"), 240,
@@ -58,5 +54,5 @@ def test_an_update_whose_engine_was_killed_clears_the_lock_it_left_and_runs_agai
     assert has_condition(stack, "Ready"), (stack["status"], failures)
     assert failures == [f"Failed to update stack: {said}"]
     assert not stacks.events("killed", "StackUpdateConflictDetected")
-    assert not _locks(stacks.backend)
+    assert not stacks.locks()
     assert stacks.runs("killed") == 2

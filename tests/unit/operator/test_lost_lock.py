@@ -328,15 +328,16 @@ def test_a_worker_still_running_after_the_interrupts_grace_is_killed_and_said_to
 
 
 def test_a_worker_that_ended_without_a_result_may_have_left_its_lock_and_says_how_it_ended():
-    killed = process_executor._parse_worker_output("up", "", False, 1.0)
+    killed = process_executor._parse_worker_output("up", None, "", False, 1.0)
     assert (killed.outcome, killed.lock_left) == ("failed", True)
     assert killed.message.startswith("the up's worker process ended without a result (killed: out of memory, or by "
                                      "hand); the CLI it ran was stopped")
-    crashed = process_executor._parse_worker_output("up", "Traceback (most recent call last):\nMemoryError", False, 1.0)
+    traceback = "Traceback (most recent call last):\nMemoryError"
+    crashed = process_executor._parse_worker_output("up", None, traceback, False, 1.0)
     assert crashed.message.startswith("the up's worker process ended without a result (Traceback (most recent call "
                                       "last):\nMemoryError); ")
     # Cancelled, it said nothing either: that is the cancel's, whose kill (if any) says itself.
-    assert not process_executor._parse_worker_output("up", "", True, 1.0).lock_left
+    assert not process_executor._parse_worker_output("up", None, "", True, 1.0).lock_left
 
 
 class RecoveringEngine(RecordingEngine):

@@ -244,11 +244,12 @@ class AutomationEngine(SerializedEngine):
             raise
         finally:
             self._running.pop(request.stack_key, None)
-        if _result_line(stdout) is None and not worker.interrupted:
+        said = _result_line(stdout)
+        if said is None and not worker.interrupted:
             # The worker died without a result (the OOM killer, a kill -9): the CLI it started runs on unwatched,
             # holding the stack's lock, or died writing to it. Stopped as a cancel stops it.
             await worker.stop()
-        result = _parse_worker_output(operation, stdout, worker.interrupted, time.monotonic() - started)
+        result = _parse_worker_output(operation, said, stdout, worker.interrupted, time.monotonic() - started)
         return dataclasses.replace(result, lock_left=True) if worker.killed else result
 
 
@@ -309,8 +310,10 @@ def _result_line(stdout: str) -> str | None:
     return None
 
 
-def _parse_worker_output(operation: Operation, stdout: str, interrupted: bool, duration: float) -> UpdateResult:
-    said = _result_line(stdout)
+def _parse_worker_output(operation: Operation, said: str | None, stdout: str, interrupted: bool,
+                         duration: float) -> UpdateResult:
+    """The operation's result from what the worker `said` (its result line, None without one) and the rest
+    of its output."""
     if said is not None:
         result = UpdateResult.from_json(said, duration)
         return dataclasses.replace(result, outcome="cancelled") if interrupted and not result.ok else result
