@@ -19,7 +19,7 @@ import pulumi.dynamic
 import pulumi_kubernetes as k8s
 import strata_operator
 import yaml
-from strata_operator.api import SHUTDOWN_DRAIN_SECONDS
+from strata_operator.api import RESOURCES_FIELD_ENV, SHUTDOWN_DRAIN_SECONDS
 from strata_operator.api.sharding import MAIN_SELECTOR, SHARD_KEY
 from typing_extensions import NotRequired
 
@@ -285,7 +285,9 @@ def build_operator_deployment(namespace: str, service_account: str, image: str, 
                         "name": "operator", "image": image, "imagePullPolicy": image_pull_policy,
                         "command": CONTAINER_COMMAND,
                         "args": build_operator_flags(metrics_port, health_port, args, flux_events_address),
-                        "env": [{"name": key, "value": value} for key, value in sorted((env or {}).items())],
+                        # An update killed for this container's memory limit says so, naming what raises it.
+                        "env": [{"name": RESOURCES_FIELD_ENV, "value": "the Operator component's resources"},
+                                *({"name": key, "value": value} for key, value in sorted((env or {}).items()))],
                         "ports": [{"name": "metrics", "containerPort": metrics_port},
                                   {"name": "health", "containerPort": health_port}],
                         "livenessProbe": {**probe, "initialDelaySeconds": 15, "failureThreshold": 6},

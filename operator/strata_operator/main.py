@@ -9,10 +9,11 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .api import RESOURCES_FIELD_ENV
 from .api.sharding import MAIN_SELECTOR, SHARD_KEY, Shard
 from .api.stack import MIN_RESYNC_SECONDS
 from .decisions.lease import DEFAULT_LEASE_NAME
@@ -21,6 +22,7 @@ from .engine.pod.executor import DEFAULT_POD_CONCURRENCY, WorkspaceSettings
 from .engine.port import EngineUnavailable
 from .engine.process.bytecode import bytecode_cache_beside
 from .engine.process.executor import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS, EngineSettings
+from .engine.process.memory_limit import ContainerMemory
 from .engine.process.plugins import default_plugin_cache
 from .engine.process.virtualenvs import default_python_cache
 from .services.flux_events import check_address
@@ -141,6 +143,13 @@ def workspace_settings(args: argparse.Namespace) -> WorkspaceSettings | None:
                              node_selector=selector, tolerations=tuple(tolerations))
 
 
+def operator_container_memory(environ: Mapping[str, str]) -> ContainerMemory | None:
+    """The operator's container, when its Deployment says where its resources are set (the Operator
+    component's does): updates the process executor runs there share its memory limit. None on a host."""
+    field = environ.get(RESOURCES_FIELD_ENV, "")
+    return ContainerMemory("the operator's container", field) if field else None
+
+
 def preflight_settings(args: argparse.Namespace, election: ElectionSettings) -> PreflightSettings:
     from .controllers.leadership import discover_namespace
     from .controllers.preflight import PortSetting, PreflightSettings
@@ -218,7 +227,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     engine = EngineSettings(pulumi_command=args.pulumi, state_dir=args.state_dir, concurrency=args.concurrency,
                             timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
                             plugin_cache=args.plugin_cache.expanduser().absolute(),
-                            python_cache=python_cache, bytecode_cache=bytecode_cache_beside(python_cache))
+                            python_cache=python_cache, bytecode_cache=bytecode_cache_beside(python_cache),
+                            container_memory=operator_container_memory(os.environ))
     try:
         log.info("%s", engine.summary())
     except EngineUnavailable as err:

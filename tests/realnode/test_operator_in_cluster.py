@@ -144,13 +144,18 @@ def _wait_ready(custom: client.CustomObjectsApi, namespace: str, name: str, time
         raise AssertionError(f"Stack {name} not Ready: {(last.get('stack') or {}).get('status')}") from None
 
 
-def test_program_and_git_stacks_run_to_ready_inside_the_operator_pod(deployed, platform, kube_client, namespace):
-    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+def _stack_base(core: client.CoreV1Api, namespace: str) -> dict:
+    """The spec every Stack here shares: a file backend inside the operator's pod, a passphrase Secret."""
     core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"},
                                               "data": {"passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
-    base = {"stack": "dev", "backend": f"file:///home/strata/state/backends/{namespace}",
+    return {"stack": "dev", "backend": f"file:///home/strata/state/backends/{namespace}",
             "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi",
                                                                                  "key": "passphrase"}}}}
+
+
+def test_program_and_git_stacks_run_to_ready_inside_the_operator_pod(deployed, platform, kube_client, namespace):
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    base = _stack_base(core, namespace)
     custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
         "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hello"},
         "program": {"resources": {"greeting": {"type": "pulumi:index:Stash", "properties": {"input": "from a Program"}}},
@@ -174,6 +179,42 @@ def test_program_and_git_stacks_run_to_ready_inside_the_operator_pod(deployed, p
             assert f"[{namespace}/" not in core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE)
 
 
+def _reader_program(path: str) -> dict:
+    return {"variables": {"content": {"fn::readFile": path}}, "outputs": {"content": "${content}"}}
+
+
+def test_an_update_that_runs_the_operator_container_out_of_memory_says_so_and_the_operator_lives_on(
+        deployed, kube_client, namespace):
+    """Reading /dev/zero grows the update's YAML host until the kernel kills it at the operator container's
+    memory limit (the Operator component's default, 1Gi). The Stack says so and names the field that raises
+    it; the operator is not restarted, and the fixed program updates."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    base = _stack_base(core, namespace)
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
+        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "reader"},
+        "program": _reader_program("/dev/zero")})
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "reader"},
+        "spec": {**base, "programRef": {"name": "reader"}}})
+
+    def out_of_memory():
+        last = (_stack(custom, namespace, "reader").get("status") or {}).get("lastUpdate") or {}
+        return last if last.get("reason") == "OutOfMemory" else None
+
+    message = processes.wait_until(out_of_memory, 180, "the update reported out of memory")["message"]
+    assert message.startswith("the operator's container ran out of memory"), message
+    assert "limit of 1024 MiB" in message and "raise the Operator component's resources.limits.memory" in message
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=reader").items
+    assert any("ran out of memory" in (e.message or "") for e in events), [e.message for e in events]
+    leader = _holder(kube_client).rsplit("_", 1)[0]
+    custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", "reader",
+                                          {"program": _reader_program("/etc/hostname")})
+    ready = _wait_ready(custom, namespace, "reader", 180)
+    assert ready["status"]["outputs"]["content"].strip() == leader  # read inside the leader's container
+    # The kernel killed the update's language host, not the operator.
+    assert all(p.status.container_statuses[0].restart_count == 0 for p in _operator_pods(core))
+
+
 def test_the_standby_takes_over_within_the_lease_time_when_the_leader_pod_is_deleted(deployed, kube_client):
     core = client.CoreV1Api(kube_client)
     lease = client.CoordinationV1Api(kube_client).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE)
@@ -191,3 +232,4 @@ def test_the_standby_takes_over_within_the_lease_time_when_the_leader_pod_is_del
     assert new_holder.rsplit("_", 1)[0] in {p.metadata.name for p in _operator_pods(core)} - {leader}, new_holder
     print(f"new leader: {'the standby' if new_holder.startswith(standby) else 'the replacement pod'}")
     assert took < lease.spec.lease_duration_seconds, took
+

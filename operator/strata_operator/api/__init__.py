@@ -17,3 +17,6 @@ FLUX_REQUESTED_AT_ANNOTATION = "reconcile.fluxcd.io/requestedAt"
 # A stopping operator (an upgrade, a restart) lets running updates finish for up to this long before it
 # cancels them; the in-cluster Deployment's termination grace period covers it.
 SHUTDOWN_DRAIN_SECONDS = 300
+# Set on a container whose memory limit is its own (a workspace pod, the in-cluster operator): the field that
+# sets its resources, which an update killed there for out of memory names as the one to raise.
+RESOURCES_FIELD_ENV = "STRATA_RESOURCES_FIELD"

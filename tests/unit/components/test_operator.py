@@ -141,7 +141,9 @@ def test_deployment_is_hardened_with_probes_and_ports():
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
     assert container["resources"]["limits"]["memory"]
-    assert container["env"] == [{"name": "X", "value": "1"}]
+    # The operator names this field when an update runs its container out of memory.
+    assert container["env"] == [{"name": "STRATA_RESOURCES_FIELD", "value": "the Operator component's resources"},
+                                {"name": "X", "value": "1"}]
     with pytest.raises(ValueError, match="image"):
         build_operator_deployment("ops", "op", "")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.engine.pod.agent import agent_engine_settings, cgroup_memory_limit, cgroup_oom_kills
+from strata_operator.engine.pod.agent import agent_engine_settings
 from strata_operator.engine.pod.bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
 from strata_operator.engine.port import UpdateRequest
 from strata_operator.engine.process.executor import IMAGE_PULUMI_VERSION, AutomationEngine, EngineSettings
@@ -266,24 +266,6 @@ def test_updates_in_a_workspace_pod_run_in_the_pods_own_environment(tmp_path):
     # Its CLI's version is what the image records; a foreign image's is asked of the CLI.
     assert (own.pulumi_version, settings.pulumi_version) == ("v3.259.0", "")
 
-
-
-@pytest.mark.parametrize("files", [
-    {"memory.events": "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\n", "memory.max": "268435456\n"},  # cgroup v2
-    {"memory/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
-     "memory/memory.limit_in_bytes": "268435456\n"},  # cgroup v1
-])
-def test_the_agent_reads_its_cgroups_oom_kills_and_memory_limit(tmp_path, files):
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    assert cgroup_oom_kills(tmp_path) == 2 and cgroup_memory_limit(tmp_path) == 256 << 20
-
-
-def test_no_cgroup_files_or_no_limit_read_as_unknown(tmp_path):
-    assert cgroup_oom_kills(tmp_path) is None and cgroup_memory_limit(tmp_path) is None
-    (tmp_path / "memory.max").write_text("max\n")
-    assert cgroup_memory_limit(tmp_path) is None
 
 
 class _PodReader:

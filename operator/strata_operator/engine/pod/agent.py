@@ -22,30 +22,28 @@ import logging
 import os
 import re
 import shutil
-import socket
 import ssl
 import tempfile
-import time
 import typing
 from pathlib import Path
 
 from aiohttp import web
 
-from ...api.status import OUT_OF_MEMORY
+from ...api import RESOURCES_FIELD_ENV
 from ...api.workspace_values import ConfigItem, ConfigUnavailable, MountedRefs, config_values
 from ...services.redaction import REDACTOR, install_log_redaction
 from ...sources.archive import SourceError, safe_extract
 from ..port import EngineUnavailable, Operation, UpdateRequest, UpdateResult
 from ..process.executor import IMAGE_PULUMI_VERSION, AutomationEngine, EngineSettings
+from ..process.memory_limit import ContainerMemory
 from ..process.plugins import default_plugin_cache
 from .bundle import BUNDLE_ENV, launcher
-from .workspace_pod import RESOURCES_FIELD_ENV, RefUnavailable, resolve_in_workspace
+from .workspace_pod import RefUnavailable, resolve_in_workspace
 
 MAX_SOURCE_BYTES = 512 * 1024 * 1024
 KEEP_SOURCES = 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 OPERATIONS = frozenset(typing.get_args(Operation))
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 log = logging.getLogger("strata_operator.engine.pod.agent")  # not __name__: run as __main__
 FORKSERVER_START = web.AppKey("forkserver_start", asyncio.Task)
 
@@ -159,29 +157,11 @@ class Agent:
             update, project_dir=str(project), env=env, config={**update.config, **config},
             secret_config={**update.secret_config, **secret_config},
             secret_env=tuple(sorted({*update.secret_env, *secret_env})), plan_file=plan_file, mounted={})
-        oom_before, started = cgroup_oom_kills(CGROUP_ROOT), time.time()
         result = await self.engine.run(operation, update)
-        if not result.ok and (cgroup_oom_kills(CGROUP_ROOT) or 0) > (oom_before or 0):
-            result = await self._out_of_memory(operation, update, result, started)
         answer = {"result": json.loads(result.to_json())}
         if operation == "preview" and plan_file and Path(plan_file).is_file():
             answer["plan"] = base64.b64encode(Path(plan_file).read_bytes()).decode()
         return web.json_response(answer)
-
-    async def _out_of_memory(self, operation: str, update: UpdateRequest, result: UpdateResult,
-                             started: float) -> UpdateResult:
-        """The kernel killed a process of the update for the pod's memory limit: say so, with the field that
-        raises it, and clear the lock a killed `pulumi` left, as after any interrupted run."""
-        recovered = await self.engine.run("recover", dataclasses.replace(
-            update, interrupted_host=socket.gethostname(), interrupted_since=started))
-        limit = cgroup_memory_limit(CGROUP_ROOT)
-        field = os.environ.get(RESOURCES_FIELD_ENV, "spec.workspaceTemplate.spec.resources")
-        message = (f"the workspace pod ran out of memory: the kernel killed a process of the {operation} at the "
-                   f"pod's limit{f' of {limit // (1 << 20)} MiB' if limit else ''}; raise {field}.limits.memory "
-                   f"({result.message})")
-        if not recovered.ok:
-            message += f"; clearing the killed run's lock failed: {recovered.message}"
-        return dataclasses.replace(result, message=message, reason=OUT_OF_MEMORY)
 
     async def cancel(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -195,31 +175,6 @@ class Agent:
         app.router.add_post("/run", self.run)
         app.router.add_post("/cancel", self.cancel)
         return app
-
-
-def cgroup_oom_kills(root: Path) -> int | None:
-    """How many processes the kernel's OOM killer has killed in this container's memory cgroup (v2's
-    memory.events, v1's memory.oom_control); None where neither is readable."""
-    for path in (root / "memory.events", root / "memory" / "memory.oom_control"):
-        try:
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-def cgroup_memory_limit(root: Path) -> int | None:
-    """The container's memory limit in bytes (None: unlimited or unknown)."""
-    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        return int(text) if text.isdigit() and int(text) < 1 << 60 else None
-    return None
 
 
 def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) -> EngineSettings:
@@ -239,7 +194,9 @@ def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) ->
         inherited_env={name: value for name, value in environ.items() if not name.startswith("STRATA_")},
         python_command=tuple(launcher(Path(bundle))) if bundle else (),
         # Set by the operator's image only, whose CLI is the one on PATH.
-        pulumi_version=environ.get(IMAGE_PULUMI_VERSION, ""))
+        pulumi_version=environ.get(IMAGE_PULUMI_VERSION, ""),
+        container_memory=ContainerMemory("the workspace pod",
+                                         environ.get(RESOURCES_FIELD_ENV, "spec.workspaceTemplate.spec.resources")))
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...api import RESOURCES_FIELD_ENV
 from ...api.workspace_values import MountedRefs
 from .bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
 
@@ -37,7 +38,6 @@ ENV_REF_PREFIX = "STRATA_ENV__"
 CONFIG_REF_PREFIX = "STRATA_CONFIG__"
 ENV_FROM_PREFIX = "STRATA_ENVFROM_{index}__"
 READINESS_PERIOD_SECONDS = 10
-RESOURCES_FIELD_ENV = "STRATA_RESOURCES_FIELD"  # the field that sets the pod's resources, for the agent's messages
 DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"memory": "2Gi"}}
 RUN_AS = 65532  # the operator image's user
 # Copying the agent's runtime (bundle.py) for an image of the template's.

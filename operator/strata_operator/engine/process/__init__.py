@@ -3,5 +3,6 @@
 executor.py (`AutomationEngine`, its settings), worker.py (`python -m
 strata_operator.engine.process.worker`, the fork server and the Automation API calls), virtualenvs.py
 (one virtualenv per Stack and requirements), plugins.py (language hosts and provider plugins shared by
-every Stack).
+every Stack), bytecode.py (their compiled modules, shared), memory_limit.py (an update killed for its
+container's memory limit, said as such).
 """

@@ -26,6 +26,7 @@ from pathlib import Path
 from ...services.redaction import redact
 from ..port import EngineUnavailable, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from .bytecode import bytecode_cache_beside
+from .memory_limit import ContainerMemory
 from .plugins import ambient_plugin_dirs, ambient_plugins, cached_plugins, default_plugin_cache
 from .virtualenvs import default_python_cache
 
@@ -81,6 +82,9 @@ class EngineSettings:
     # The CLI's version when known beforehand (the operator image records its own, IMAGE_PULUMI_VERSION):
     # the fork server then skips the Automation API's `pulumi version` run, 0.4 s of CPU per workspace pod.
     pulumi_version: str = ""
+    # The container this engine runs in when it has a memory limit of its own (in-cluster operator, workspace
+    # pod): an operation that fails as the kernel kills in it for that limit says so. None: on a host.
+    container_memory: ContainerMemory | None = None
 
     def pulumi_cli(self) -> Path:
         found = self.pulumi_command or shutil.which("pulumi", path=self.host_path) or ""
@@ -218,6 +222,8 @@ class AutomationEngine(SerializedEngine):
 
     async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         started = time.monotonic()
+        memory = self.settings.container_memory
+        oom_kills_before = memory.oom_kills() if memory else 0
         try:
             worker = await self._connect()
         except EngineUnavailable as err:
@@ -250,7 +256,9 @@ class AutomationEngine(SerializedEngine):
             # holding the stack's lock, or died writing to it. Stopped as a cancel stops it.
             await worker.stop()
         result = _parse_worker_output(operation, said, stdout, worker.interrupted, time.monotonic() - started)
-        return dataclasses.replace(result, lock_left=True) if worker.killed else result
+        if worker.killed:
+            result = dataclasses.replace(result, lock_left=True)
+        return memory.judged(operation, result, oom_kills_before) if memory else result
 
 
 @dataclasses.dataclass

@@ -1,0 +1,66 @@
+"""Running out of memory inside a container with a limit of its own (the in-cluster operator, a workspace
+pod's agent): the kernel's OOM killer kills a process of the update (most often its language host) and
+the update fails with whatever that process's death looked like. The executor reads its memory cgroup's
+OOM kills around each operation, so such a failure says what happened, at which limit, and the field
+that raises it. On a host the cgroup read is the machine's root: nothing is read there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ...api.status import OUT_OF_MEMORY
+from ..port import Operation, UpdateResult
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_oom_kills(root: Path) -> int | None:
+    """How many processes the kernel's OOM killer has killed in this container's memory cgroup (v2's
+    memory.events, v1's memory.oom_control); None where neither is readable."""
+    for path in (root / "memory.events", root / "memory" / "memory.oom_control"):
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def cgroup_memory_limit(root: Path) -> int | None:
+    """The container's memory limit in bytes (None: unlimited or unknown)."""
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        return int(text) if text.isdigit() and int(text) < 1 << 60 else None
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerMemory:
+    """The container an executor runs in, as its messages name it."""
+
+    container: str  # e.g. "the workspace pod", "the operator's container"
+    resources_field: str  # where the container's resources are set, e.g. spec.workspaceTemplate.spec.resources
+    cgroup_root: Path = CGROUP_ROOT
+
+    def oom_kills(self) -> int:
+        return cgroup_oom_kills(self.cgroup_root) or 0
+
+    def judged(self, operation: Operation, result: UpdateResult, oom_kills_before: int) -> UpdateResult:
+        """`result`, or, if it failed while the kernel killed a process in the container for its memory
+        limit, an OutOfMemory result that says so. A CLI killed that way left its lock, which `lock_left`
+        (the worker's) already has cleared before the Stack's next operation."""
+        if result.ok or self.oom_kills() <= oom_kills_before:
+            return result
+        limit = cgroup_memory_limit(self.cgroup_root)
+        message = (f"{self.container} ran out of memory: the kernel killed a process of the {operation} at its "
+                   f"memory limit{f' of {limit // (1 << 20)} MiB' if limit else ''}; raise "
+                   f"{self.resources_field}.limits.memory ({result.message})")
+        return dataclasses.replace(result, message=message, reason=OUT_OF_MEMORY)
+
