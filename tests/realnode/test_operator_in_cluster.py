@@ -10,6 +10,7 @@ import urllib.request
 import uuid
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -18,6 +19,8 @@ from strata_components.local import processes, realnode
 from strata_components.local.kube import server_side_apply
 from strata_components.local.operator_host import OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT, install_operator_api
 from strata_components.operator import LABELS, PROCESS_NAME, build_operator_objects, load_packaged_manifests
+
+from .node_processes import pod_process
 
 LEASE = "strata-operator-leader"
 PASSPHRASE = "realnode-passphrase-0b7e"
@@ -233,3 +236,58 @@ def test_the_standby_takes_over_within_the_lease_time_when_the_leader_pod_is_del
     print(f"new leader: {'the standby' if new_holder.startswith(standby) else 'the replacement pod'}")
     assert took < lease.spec.lease_duration_seconds, took
 
+
+GUARANTEED = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+
+
+def _guaranteed_leader(core: client.CoreV1Api, kube_client) -> client.V1Pod:
+    """The one operator pod left once the Deployment runs a single replica of Guaranteed QoS, leading."""
+    def rolled_out():
+        pods = _operator_pods(core)
+        if len(pods) != 1 or not _ready(pods[0]) or pods[0].status.qos_class != "Guaranteed":
+            return None
+        return pods[0] if _holder(kube_client).startswith(f"{pods[0].metadata.name}_") else None
+
+    return processes.wait_until(rolled_out, 240, "one Guaranteed operator pod leading")
+
+
+def test_an_update_whose_oom_kill_takes_the_operator_container_fails_with_backoff_not_a_crash_loop(
+        deployed, kube_client, namespace):
+    """On cgroup v2 nodes the kernel kills a container whole at its limit, the operator with the update's
+    language host; run again at once, as an interrupted update is, it would kill the operator again and
+    again. This node is cgroup v1, where the kernel kills one process: it is made to choose the operator
+    (a Guaranteed pod's processes rank last for the OOM killer, and the operator's own rank is raised to
+    the top). The kubelet says OOMKilled; the restarted operator reads that from the pod that ran the
+    update, and the update is a failure of its Stack, with backoff, naming the limit and the field.
+    Last in the module: the Deployment is left with one replica."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    client.AppsV1Api(kube_client).patch_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE, {"spec": {
+        "replicas": 1, "template": {"spec": {"containers": [{"name": "operator", "resources": GUARANTEED}]}}}})
+    leader = _guaranteed_leader(core, kube_client)
+    operator = pod_process(leader.metadata.uid, "strata_operator")
+    Path(f"/proc/{operator}/oom_score_adj").write_text("1000")
+    base = _stack_base(core, namespace)
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
+        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hog"},
+        "program": _reader_program("/dev/zero")})
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "hog"},
+        "spec": {**base, "programRef": {"name": "hog"}}})
+
+    def said_oom_killed():
+        events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=hog").items
+        return next((e.message for e in events if "the kernel killed the operator's container" in (e.message or "")),
+                    None)
+
+    message = processes.wait_until(said_oom_killed, 240, "the recovered update said the operator was OOM-killed")
+    status = core.read_namespaced_pod(leader.metadata.name, OPERATOR_NAMESPACE).status.container_statuses[0]
+    assert status.restart_count >= 1 and status.last_state.terminated.reason == "OOMKilled", status
+    assert message.startswith("update hog-"), message
+    assert (f"(pod {leader.metadata.name}) for out of memory at its memory limit of 1Gi, most likely for this "
+            "update; raise the Operator component's resources.limits.memory") in message, message
+    last = _stack(custom, namespace, "hog")["status"]["lastUpdate"]
+    assert last["reason"] == "OutOfMemory" and last["state"] == "failed", last  # its retry's too, if it ran yet
+    custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", "hog",
+                                          {"program": _reader_program("/etc/hostname")})
+    ready = _wait_ready(custom, namespace, "hog", 240)
+    assert ready["status"]["outputs"]["content"].strip() == leader.metadata.name

@@ -35,6 +35,8 @@ from strata_components.local.platform import subprocess_ok
 from strata_components.local.images import ImageArchive, build_image_config, load_image, write_oci_archive
 from strata_operator.engine.pod.workspace_pod import AGENT_PORT, CONTAINER, RUN_AS
 
+from .node_processes import pod_process
+
 TEAMS = ("alpha", "beta")
 STATE_ROOT = Path("/var/lib/strata-test-workspaces")
 STASH_COUNT = 300  # enough resources that an update lasts a few seconds: long enough to interrupt
@@ -326,7 +328,7 @@ def test_a_workspace_pod_lost_after_its_update_finished_has_that_update_recorded
     _wait_running_in_pod(state)
     # The agent frozen, the update finishes in its worker but is never answered; then the pod goes.
     pod = core.read_namespaced_pod("app-workspace", namespace).metadata.uid
-    agent = _agent_pid(pod)
+    agent = pod_process(pod, "strata_operator.engine.pod.agent")
     os.kill(agent, signal.SIGSTOP)
     try:
         processes.wait_until(lambda: not _locks(state), 120, "the update finished in the frozen pod (its lock "
@@ -390,18 +392,6 @@ def _wait_running_in_pod(state: Path) -> None:
 def _updates(state: Path) -> list[str]:
     """The updates a `file://` backend's history holds, oldest first."""
     return sorted(path.name for path in (state / ".pulumi" / "history").rglob("*.history.json"))
-
-
-def _agent_pid(pod_uid: str) -> int:
-    """The workspace agent's process: the node's containers are this host's processes, each in its pod's
-    cgroup (named by the pod's uid, with dashes or, under systemd, underscores)."""
-    marks = (pod_uid, pod_uid.replace("-", "_"))
-    for proc in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            if (any(mark in (proc / "cgroup").read_text() for mark in marks)
-                    and b"strata_operator.engine.pod.agent" in (proc / "cmdline").read_bytes()):
-                return int(proc.name)
-    raise AssertionError(f"no workspace agent process in pod {pod_uid}")
 
 
 def _interruptions(core: client.CoreV1Api, namespace: str) -> int:

@@ -29,6 +29,7 @@ from ..decisions.outputs import (outputs_secret_conflict, outputs_secret_data, o
 from ..decisions.planning import Plan, drift_check_due, drift_status, missing_service_account, plan_stack, soonest
 from ..decisions.rollout import parse_waves
 from ..engine.port import RUNS_AGAIN, UpdateRequest, UpdateResult, register_secret_outputs
+from ..engine.process.memory_limit import oom_killed_limit
 from ..services import metrics
 from ..services.backend_probe import backend_address, unreachable
 from ..services.events import HOST, post_event
@@ -37,6 +38,7 @@ from ..sources.archive import SourceError
 from ..sources.project import project_info
 from ..sources.references import RefError, Resolved
 from .context import utc_now
+from .leadership import discover_namespace
 from .stack_rollout import rollout_stacks, write_rollout_progress
 from .stack_session import StackSession, materialise_program, stack_state_dir, update_request, wait_for_reference
 
@@ -562,12 +564,39 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
                             run.kind, run.name, session.namespace, session.name)
         await session.write(currentUpdate=None)
         return None
-    cause = "its state backend's outage" if outage else "operator restart"
-    message = f"update {run.name} was interrupted ({cause}); {result.message}"
+    limit = None if outage else await _operator_oom_killed(session, run)
+    if limit is not None:
+        # Not run again at once: it would most likely kill the operator again. A failure, with backoff, and
+        # Stalled after --stall-after-failures: the operator does not crash-loop on one Stack's update.
+        field = session.ctx.settings.engine.container_memory.resources_field  # set: the pod was read
+        reason, message = st.OUT_OF_MEMORY, (
+            f"update {run.name} was interrupted: the kernel killed the operator's container (pod {run.host}) "
+            f"for out of memory{f' at its memory limit of {limit}' if limit else ''}, most likely for this "
+            f"update; raise {field}.limits.memory; {result.message}")
+    else:
+        cause = "its state backend's outage" if outage else "operator restart"
+        reason, message = st.UPDATE_INTERRUPTED, f"update {run.name} was interrupted ({cause}); {result.message}"
     post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
-    last = st.failed_update(session.status.get("lastUpdate"), run, st.UPDATE_INTERRUPTED, message, "", utc_now())
+    last = st.failed_update(session.status.get("lastUpdate"), run, reason, message, "", utc_now())
     await session.write(lastUpdate=last, currentUpdate=None)
     return None
+
+
+async def _operator_oom_killed(session: StackSession, run: st.RunRecord) -> str | None:
+    """In-cluster under the process executor, the memory limit at which the kernel killed the container of
+    the operator pod that ran `run` (its host), as that pod reports it, if it did so after the run started;
+    None otherwise (a pod gone or unreadable, another cause)."""
+    settings = session.ctx.settings
+    if settings.engine.container_memory is None or settings.workspace is not None or not run.host:
+        return None  # on a host, or updates run in workspace pods: none shared the operator's memory
+    namespace, _ = discover_namespace(settings.kubeconfig)
+    try:
+        pod = await session.ctx.kube.get_pod(namespace, run.host)
+    except ApiException as err:  # without the Role's pods get: the cause stays unnamed
+        session.logger.warning("reading the operator pod %s/%s that ran %s: %s", namespace, run.host, run.name,
+                               err.reason)
+        return None
+    return oom_killed_limit(pod, run.started) if pod else None
 
 
 def outage_said_before(session: StackSession, backend: str) -> str:

@@ -19,15 +19,18 @@ from pulumi.automation.errors import CommandError
 from strata_operator.api import status as st
 from strata_operator.api.stack import parse_stack_spec
 from strata_operator.api.status import (EVENT_BACKEND_REACHABLE, EVENT_BACKEND_UNREACHABLE, EVENT_UPDATE_RECOVERED,
-                                       EVENT_UPDATE_SUCCESSFUL, RECONCILING_BACKEND_UNREACHABLE, UPDATE_INTERRUPTED)
+                                       EVENT_UPDATE_SUCCESSFUL, OUT_OF_MEMORY, RECONCILING_BACKEND_UNREACHABLE,
+                                       UPDATE_INTERRUPTED)
 from strata_operator.controllers import stack_update
 from strata_operator.controllers.context import Context, OperatorSettings
 from strata_operator.controllers.stack_session import StackSession
+from strata_operator.decisions.planning import Requests, plan_stack
 from strata_operator.engine.pod.executor import PodEngine, WorkspaceSettings
 from strata_operator.engine.pod.workspace_pod import WorkspaceNames
 from strata_operator.engine.port import RUNS_AGAIN, SerializedEngine, UpdateRequest, UpdateResult
 from strata_operator.engine.process import executor as process_executor
 from strata_operator.engine.process.executor import EngineSettings
+from strata_operator.engine.process.memory_limit import ContainerMemory
 from strata_operator.engine.process.worker import KnownVersionPulumiCommand, LockWatchingCommand
 from strata_operator.sources.references import Resolved
 
@@ -408,6 +411,57 @@ def test_a_run_interrupted_with_the_operator_and_unfinished_is_recorded_as_inter
     last = s.status["lastUpdate"]
     assert (last["name"], last["state"], last["reason"]) == ("s-1", "failed", UPDATE_INTERRUPTED)
     assert s.status["currentUpdate"] is None
+
+
+class OperatorPodKube(RecordingKube):
+    """The operator's pods as the kubelet reports them: op-0's container OOM-killed during the run."""
+
+    def __init__(self):
+        self.read = []
+
+    async def get_pod(self, namespace, name):
+        self.read.append((namespace, name))
+        terminated = {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-29T10:00:30Z"}
+        return {"spec": {"containers": [{"name": "operator", "resources": {"limits": {"memory": "1Gi"}}}]},
+                "status": {"containerStatuses": [{"name": "operator", "state": {"running": {}},
+                                                  "lastState": {"terminated": terminated}}]}}
+
+
+def test_a_run_whose_operator_container_the_kernel_killed_for_memory_is_out_of_memory_with_backoff(
+        monkeypatch, tmp_path):
+    """On cgroup v2 nodes the kernel kills a container whole at its limit: run again at once, the update
+    would kill the operator again and again (a crash loop). It is a failure of the Stack's instead."""
+    events = events_said(monkeypatch)
+    monkeypatch.setattr(stack_update, "discover_namespace", lambda _: ("strata-system", "the pod's namespace"))
+    engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+    with backend_port(answering=True) as (_, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        s.ctx.kube = kube = OperatorPodKube()
+        s.ctx.settings.engine.container_memory = ContainerMemory("the operator's container",
+                                                                 "the Operator component's resources")
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    assert kube.read == [("strata-system", "op-0")]  # the pod that ran it
+    last = s.status["lastUpdate"]
+    assert (last["name"], last["state"], last["reason"], last["failures"]) == ("s-1", "failed", OUT_OF_MEMORY, 1)
+    assert last["message"] == (
+        "update s-1 was interrupted: the kernel killed the operator's container (pod op-0) for out of memory at "
+        "its memory limit of 1Gi, most likely for this update; raise the Operator component's "
+        "resources.limits.memory; cancelled the interrupted update in the backend")
+    assert events == [st.EVENT_UPDATE_FAILURE] and s.status["currentUpdate"] is None
+    # Not resumed at once, as an interrupted run is: retried after its backoff, Stalled after repeated failures.
+    plan = plan_stack(spec, 1, Requests(), last, "c1", datetime.now(timezone.utc))
+    assert plan.run is None and plan.verdict.reason == st.RECONCILING_RETRY, plan
+    # On a host, or with the pod executor, no pod is read: the cause stays the operator's restart.
+    for pod_executor in (False, True):
+        engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+        with backend_port(answering=True) as (_, where):
+            s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+            s.ctx.kube = kube = OperatorPodKube()
+            if pod_executor:
+                s.ctx.settings.engine.container_memory = ContainerMemory("the operator's container", "f")
+                s.ctx.settings.workspace = WorkspaceSettings(image="img:1")
+            assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+        assert kube.read == [] and s.status["lastUpdate"]["reason"] == UPDATE_INTERRUPTED
 
 
 def test_a_run_the_operator_before_a_restart_lost_with_its_backend_counts_no_failure(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@ the limit and the field that raises it named, in the workspace pod's agent and t
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from strata_operator.api.status import OUT_OF_MEMORY
 from strata_operator.engine.pod.agent import agent_engine_settings
 from strata_operator.engine.port import UpdateResult
-from strata_operator.engine.process.memory_limit import ContainerMemory, cgroup_memory_limit, cgroup_oom_kills
+from strata_operator.engine.process.memory_limit import (ContainerMemory, cgroup_memory_limit, cgroup_oom_kills,
+                                                         oom_killed_limit)
 from strata_operator.main import operator_container_memory
 
 V1_OOM_CONTROL = "memory/memory.oom_control"
@@ -78,3 +80,29 @@ def test_the_agent_names_its_workspace_pod_and_the_field_the_operator_set(tmp_pa
     assert stack.container_memory == ContainerMemory("the workspace pod", "spec.workspaceTemplate.spec.resources")
     assert workspace.container_memory.resources_field == "spec.resources"
 
+
+def _operator_pod(state: dict, last_state: dict, limit: str | None = "1Gi") -> dict:
+    resources = {"limits": {"memory": limit}} if limit else {}
+    return {"spec": {"containers": [{"name": "operator", "resources": resources}]},
+            "status": {"containerStatuses": [{"name": "operator", "state": state, "lastState": last_state}]}}
+
+
+OOM_KILLED_AT_10_00_05 = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-29T10:00:05Z"}}
+RUN_STARTED = datetime(2026, 11, 29, 10, 0, 4, 700000, tzinfo=timezone.utc)
+
+
+def test_an_operator_pod_whose_container_was_oom_killed_since_the_run_started_says_its_limit():
+    restarted = _operator_pod({"running": {"startedAt": "2026-11-29T10:00:06Z"}}, OOM_KILLED_AT_10_00_05)
+    assert oom_killed_limit(restarted, RUN_STARTED) == "1Gi"
+    waiting = _operator_pod(OOM_KILLED_AT_10_00_05, {})  # not yet restarted (the kubelet's backoff)
+    assert oom_killed_limit(waiting, RUN_STARTED) == "1Gi"
+    # The same second as the run's start: the kubelet's times are whole seconds.
+    assert oom_killed_limit(restarted, RUN_STARTED.replace(second=5)) == "1Gi"
+    assert oom_killed_limit(_operator_pod(OOM_KILLED_AT_10_00_05, {}, limit=None), RUN_STARTED) == ""
+
+
+def test_an_oom_kill_before_the_run_or_another_ending_is_not_the_runs():
+    assert oom_killed_limit(_operator_pod({"running": {}}, OOM_KILLED_AT_10_00_05), RUN_STARTED.replace(minute=1)) is None
+    error = {"terminated": {"reason": "Error", "exitCode": 1, "finishedAt": "2026-11-29T10:00:05Z"}}
+    assert oom_killed_limit(_operator_pod({"running": {}}, error), RUN_STARTED) is None
+    assert oom_killed_limit({"spec": {}, "status": {}}, RUN_STARTED) is None

@@ -8,9 +8,12 @@ that raises it. On a host the cgroup read is the machine's root: nothing is read
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from ...api.status import OUT_OF_MEMORY
+from ...api.status import OUT_OF_MEMORY, parse_time
 from ..port import Operation, UpdateResult
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -63,4 +66,20 @@ class ContainerMemory:
                    f"memory limit{f' of {limit // (1 << 20)} MiB' if limit else ''}; raise "
                    f"{self.resources_field}.limits.memory ({result.message})")
         return dataclasses.replace(result, message=message, reason=OUT_OF_MEMORY)
+
+
+def oom_killed_limit(pod: Mapping[str, Any], since: datetime) -> str | None:
+    """The memory limit (e.g. "1Gi", "" if it had none) of the pod's container that the kubelet reports
+    OOMKilled at or after `since`, as its current or last state; None if none was. On cgroup v2 nodes the
+    kernel kills a container whole at its limit, its main process (the operator) too."""
+    limits = {container.get("name"): ((container.get("resources") or {}).get("limits") or {}).get("memory", "")
+              for container in (pod.get("spec") or {}).get("containers") or []}
+    since = since.replace(microsecond=0)  # the kubelet's times are whole seconds
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state in (status.get("state"), status.get("lastState")):
+            terminated = (state or {}).get("terminated") or {}
+            finished = parse_time(terminated.get("finishedAt"))
+            if terminated.get("reason") == "OOMKilled" and finished is not None and finished >= since:
+                return str(limits.get(status.get("name"), ""))
+    return None
 
