@@ -186,19 +186,31 @@ def _reader_program(path: str) -> dict:
     return {"variables": {"content": {"fn::readFile": path}}, "outputs": {"content": "${content}"}}
 
 
+def _create_reader(core: client.CoreV1Api, custom: client.CustomObjectsApi, namespace: str, name: str) -> None:
+    """A Stack of a Program that reads /dev/zero: its YAML host grows until the kernel kills a process."""
+    base = _stack_base(core, namespace)
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
+        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": name},
+        "program": _reader_program("/dev/zero")})
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": name},
+        "spec": {**base, "programRef": {"name": name}}})
+
+
+def _fixed_reader_output(custom: client.CustomObjectsApi, namespace: str, name: str) -> str:
+    """The Program fixed to read /etc/hostname: what the Stack, Ready, read (the operator pod's name)."""
+    custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", name,
+                                          {"program": _reader_program("/etc/hostname")})
+    return _wait_ready(custom, namespace, name, 240)["status"]["outputs"]["content"].strip()
+
+
 def test_an_update_that_runs_the_operator_container_out_of_memory_says_so_and_the_operator_lives_on(
         deployed, kube_client, namespace):
     """Reading /dev/zero grows the update's YAML host until the kernel kills it at the operator container's
     memory limit (the Operator component's default, 1Gi). The Stack says so and names the field that raises
     it; the operator is not restarted, and the fixed program updates."""
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
-    base = _stack_base(core, namespace)
-    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
-        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "reader"},
-        "program": _reader_program("/dev/zero")})
-    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
-        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "reader"},
-        "spec": {**base, "programRef": {"name": "reader"}}})
+    _create_reader(core, custom, namespace, "reader")
 
     def out_of_memory():
         last = (_stack(custom, namespace, "reader").get("status") or {}).get("lastUpdate") or {}
@@ -210,10 +222,7 @@ def test_an_update_that_runs_the_operator_container_out_of_memory_says_so_and_th
     events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=reader").items
     assert any("ran out of memory" in (e.message or "") for e in events), [e.message for e in events]
     leader = _holder(kube_client).rsplit("_", 1)[0]
-    custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", "reader",
-                                          {"program": _reader_program("/etc/hostname")})
-    ready = _wait_ready(custom, namespace, "reader", 180)
-    assert ready["status"]["outputs"]["content"].strip() == leader  # read inside the leader's container
+    assert _fixed_reader_output(custom, namespace, "reader") == leader  # read inside the leader's container
     # The kernel killed the update's language host, not the operator.
     assert all(p.status.container_statuses[0].restart_count == 0 for p in _operator_pods(core))
 
@@ -266,13 +275,7 @@ def test_an_update_whose_oom_kill_takes_the_operator_container_fails_with_backof
     leader = _guaranteed_leader(core, kube_client)
     operator = pod_process(leader.metadata.uid, "strata_operator")
     Path(f"/proc/{operator}/oom_score_adj").write_text("1000")
-    base = _stack_base(core, namespace)
-    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
-        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hog"},
-        "program": _reader_program("/dev/zero")})
-    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
-        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "hog"},
-        "spec": {**base, "programRef": {"name": "hog"}}})
+    _create_reader(core, custom, namespace, "hog")
 
     def said_oom_killed():
         events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=hog").items
@@ -287,7 +290,4 @@ def test_an_update_whose_oom_kill_takes_the_operator_container_fails_with_backof
             "update; raise the Operator component's resources.limits.memory") in message, message
     last = _stack(custom, namespace, "hog")["status"]["lastUpdate"]
     assert last["reason"] == "OutOfMemory" and last["state"] == "failed", last  # its retry's too, if it ran yet
-    custom.patch_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", "hog",
-                                          {"program": _reader_program("/etc/hostname")})
-    ready = _wait_ready(custom, namespace, "hog", 240)
-    assert ready["status"]["outputs"]["content"].strip() == leader.metadata.name
+    assert _fixed_reader_output(custom, namespace, "hog") == leader.metadata.name
