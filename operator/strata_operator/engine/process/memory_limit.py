@@ -57,8 +57,8 @@ class ContainerMemory:
 
     def judged(self, operation: Operation, result: UpdateResult, oom_kills_before: int) -> UpdateResult:
         """`result`, or, if it failed while the kernel killed a process in the container for its memory
-        limit, an OutOfMemory result that says so. A CLI killed that way left its lock, which `lock_left`
-        (the worker's) already has cleared before the Stack's next operation."""
+        limit, an OutOfMemory result that says so. A CLI killed that way left its lock: the worker's
+        `lock_left` already has it cleared before the Stack's next operation."""
         if result.ok or self.oom_kills() <= oom_kills_before:
             return result
         limit = cgroup_memory_limit(self.cgroup_root)
