@@ -29,7 +29,6 @@ from ..decisions.outputs import (outputs_secret_conflict, outputs_secret_data, o
 from ..decisions.planning import Plan, drift_check_due, drift_status, missing_service_account, plan_stack, soonest
 from ..decisions.rollout import parse_waves
 from ..engine.port import RUNS_AGAIN, UpdateRequest, UpdateResult, register_secret_outputs
-from ..engine.process.memory_limit import oom_killed_limit
 from ..services import metrics
 from ..services.backend_probe import backend_address, unreachable
 from ..services.events import HOST, post_event
@@ -564,15 +563,11 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
                             run.kind, run.name, session.namespace, session.name)
         await session.write(currentUpdate=None)
         return None
-    limit = None if outage else await _operator_oom_killed(session, run)
-    if limit is not None:
+    killed = None if outage else await _operator_oom_killed(session, run)
+    if killed is not None:
         # Not run again at once: it would most likely kill the operator again. A failure, with backoff, and
         # Stalled after --stall-after-failures: the operator does not crash-loop on one Stack's update.
-        field = session.ctx.settings.engine.container_memory.resources_field  # set: the pod was read
-        reason, message = st.OUT_OF_MEMORY, (
-            f"update {run.name} was interrupted: the kernel killed the operator's container (pod {run.host}) "
-            f"for out of memory{f' at its memory limit of {limit}' if limit else ''}, most likely for this "
-            f"update; raise {field}.limits.memory; {result.message}")
+        reason, message = st.OUT_OF_MEMORY, f"update {run.name} was interrupted: {killed}; {result.message}"
     else:
         cause = "its state backend's outage" if outage else "operator restart"
         reason, message = st.UPDATE_INTERRUPTED, f"update {run.name} was interrupted ({cause}); {result.message}"
@@ -583,11 +578,12 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
 
 
 async def _operator_oom_killed(session: StackSession, run: st.RunRecord) -> str | None:
-    """In-cluster under the process executor, the memory limit at which the kernel killed the container of
-    the operator pod that ran `run` (its host), as that pod reports it, if it did so after the run started;
-    None otherwise (a pod gone or unreadable, another cause)."""
+    """In-cluster under the process executor, how the kernel killed the container of the operator pod that
+    ran `run` (its host) for out of memory, as that pod reports it, if it did so after the run started; None
+    otherwise (a pod gone or unreadable, another cause)."""
     settings = session.ctx.settings
-    if settings.engine.container_memory is None or settings.workspace is not None or not run.host:
+    memory = settings.engine.container_memory
+    if memory is None or settings.workspace is not None or not run.host:
         return None  # on a host, or updates run in workspace pods: none shared the operator's memory
     namespace, _ = discover_namespace(settings.kubeconfig)
     try:
@@ -596,7 +592,7 @@ async def _operator_oom_killed(session: StackSession, run: st.RunRecord) -> str 
         session.logger.warning("reading the operator pod %s/%s that ran %s: %s", namespace, run.host, run.name,
                                err.reason)
         return None
-    return oom_killed_limit(pod, run.started) if pod else None
+    return memory.killed_whole(pod, run.started) if pod else None
 
 
 def outage_said_before(session: StackSession, backend: str) -> str:

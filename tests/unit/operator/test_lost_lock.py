@@ -422,7 +422,8 @@ class OperatorPodKube(RecordingKube):
     async def get_pod(self, namespace, name):
         self.read.append((namespace, name))
         terminated = {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-11-29T10:00:30Z"}
-        return {"spec": {"containers": [{"name": "operator", "resources": {"limits": {"memory": "1Gi"}}}]},
+        return {"metadata": {"name": name, "namespace": namespace},
+                "spec": {"containers": [{"name": "operator", "resources": {"limits": {"memory": "1Gi"}}}]},
                 "status": {"containerStatuses": [{"name": "operator", "state": {"running": {}},
                                                   "lastState": {"terminated": terminated}}]}}
 

@@ -67,6 +67,16 @@ class ContainerMemory:
                    f"{self.resources_field}.limits.memory ({result.message})")
         return dataclasses.replace(result, message=message, reason=OUT_OF_MEMORY)
 
+    def killed_whole(self, pod: Mapping[str, Any], since: datetime) -> str | None:
+        """What ended a run that started at `since` in `pod` (this container's), if the kubelet reports the
+        container OOMKilled since then; None otherwise."""
+        limit = oom_killed_limit(pod, since)
+        if limit is None:
+            return None
+        return (f"the kernel killed {self.container} (pod {pod['metadata']['name']}) for out of memory"
+                f"{f' at its memory limit of {limit}' if limit else ''}, most likely for this update; raise "
+                f"{self.resources_field}.limits.memory")
+
 
 def oom_killed_limit(pod: Mapping[str, Any], since: datetime) -> str | None:
     """The memory limit (e.g. "1Gi", "" if it had none) of the pod's container that the kubelet reports
