@@ -205,7 +205,8 @@ class Paths:
             for document in sync(name, url, interval, self.backends[name]):
                 group, version, plural = RESOURCES[document["kind"]]
                 custom.create_namespaced_custom_object(group, version, NAMESPACE, plural, document)
-        subprocess.run([*GIT, "clone", "-q", self.git.url("push"), str(self.clone)], check=True, capture_output=True)
+        subprocess.run([*GIT, "clone", "-q", self.git.push_url("push"), str(self.clone)], check=True,
+                       capture_output=True)
         self.kubectl_apply("v0")
         stages = [Stage(self.bench, "Stack", name, stack_says("v0"), "ready") for name in ("push", "poll", "direct")]
         stages += [Stage(self.bench, "Kustomization", name, kustomization_ready(self.git.head(name)), "kustomization")

@@ -287,7 +287,7 @@ def _start(project: Path, base: Path, say: Say) -> tuple[DevHome, LocalPlatform,
     # Here, not at the top: the component module imports the Pulumi SDK (0.3 s), which every other
     # `strata` command (`make up` runs three) would pay for at each start.
     from ..project_repo import DEFAULT_INCLUDE, collect_files, publish
-    git = GitRepos(info.git.root, f"http://{realnode.NODE_ADDRESS}:{info.ports['git']}")
+    git = GitRepos(info.git.root, f"http://{realnode.NODE_ADDRESS}:{info.ports['git']}", info.git.push_credentials)
     publish(git, PROJECT_REPOSITORY, collect_files(project, DEFAULT_INCLUDE))
     machine = Machine(kubeconfig=str(kubeconfig), context=CONTEXT, registry=platform.registry_host(),
                       flux_bundle_url=info.flux_bundle_url, backend=home.backend_url,

@@ -5,6 +5,11 @@ front of it, plus helpers that create and commit to the served repositories. Wit
 (`user:password` on one line) every request needs that HTTP basic auth; a user named `token`
 stands for bearer-style access tokens sent as the password, which is how git clients send them.
 
+A push needs the push credential (`--push-auth-file`; without one, pushes are refused): fetching is open
+to whoever reaches the server, as a public repository's is, but anything on the host's loopback (a team's
+program under the process executor shares the host's network) could otherwise push a commit into the
+platform's program or another team's directory, which Flux and the operator would then apply.
+
 With a kubeconfig, a push is announced to Flux the way its webhook Receivers do it: every
 GitRepository whose URL is the pushed repository gets `reconcile.fluxcd.io/requestedAt`, so
 source-controller fetches at once instead of at its next poll.
@@ -25,6 +30,7 @@ import threading
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import quote
 
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "strata", "GIT_AUTHOR_EMAIL": "strata@localhost",
@@ -90,35 +96,44 @@ def _announce(kubeconfig: Path, base_url: str, repository: str) -> None:
         print(f"push to {repository}: could not notify Flux: {error}", file=sys.stderr, flush=True)
 
 
+def is_push(path: str, query: str) -> bool:
+    """A request of the receive-pack service: its advertisement or the push itself."""
+    return path.endswith("/git-receive-pack") or "service=git-receive-pack" in query.split("&")
+
+
 def _handler(root: Path, credentials: bytes | None, kubeconfig: Path | None = None,
-             base_url: str = "") -> type[BaseHTTPRequestHandler]:
+             base_url: str = "", push_credentials: bytes | None = None) -> type[BaseHTTPRequestHandler]:
     class GitHandler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
             pass  # request lines could carry credentials in URLs; the CGI's own errors still reach the log
 
-        def _authorized(self) -> bool:
-            if credentials is None:
-                return True
-            header = self.headers.get("Authorization", "")
-            scheme, _, value = header.partition(" ")
+        def _authorized(self, push: bool) -> bool:
+            """A push with the push credential; anything else with the server's, if it has one."""
+            wanted = push_credentials if push else credentials
+            if wanted is None:
+                return not push
+            scheme, _, value = self.headers.get("Authorization", "").partition(" ")
             if scheme.lower() != "basic":
                 return False
             try:
                 given = base64.b64decode(value, validate=True)
             except ValueError:
                 return False
-            return hmac.compare_digest(given, credentials)
+            return hmac.compare_digest(given, wanted)
 
         def _serve(self) -> None:
-            if not self._authorized():
-                self.send_response(401)
-                self.send_header("WWW-Authenticate", 'Basic realm="strata-git"')
+            path, _, query = self.path.partition("?")
+            push = is_push(path, query)
+            if not self._authorized(push):
+                refused = push and push_credentials is None
+                self.send_response(403 if refused else 401)
+                if not refused:
+                    self.send_header("WWW-Authenticate", 'Basic realm="strata-git"')
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            path, _, query = self.path.partition("?")
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
             env = {
@@ -164,9 +179,12 @@ def _handler(root: Path, credentials: bytes | None, kubeconfig: Path | None = No
     return GitHandler
 
 
-def serve(root: Path, port: int, auth_file: Path | None = None, kubeconfig: Path | None = None) -> None:
+def serve(root: Path, port: int, auth_file: Path | None = None, kubeconfig: Path | None = None,
+          push_auth_file: Path | None = None) -> None:
     credentials = auth_file.read_text().strip().encode() if auth_file else None
-    handler = _handler(root, credentials, kubeconfig, base_url=f"http://127.0.0.1:{port}")
+    push_credentials = push_auth_file.read_text().strip().encode() if push_auth_file else None
+    handler = _handler(root, credentials, kubeconfig, base_url=f"http://127.0.0.1:{port}",
+                       push_credentials=push_credentials)
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     server.serve_forever()
@@ -189,12 +207,21 @@ def blob_sha(content: str) -> str:
 class GitRepos:
     """The repositories behind a git server: create them and commit files to them."""
 
-    def __init__(self, root: Path, base_url: str):
+    def __init__(self, root: Path, base_url: str, push_credentials: Path | None = None):
         self.root = root
         self.base_url = base_url.rstrip("/")
+        self.push_credentials = push_credentials
 
     def url(self, name: str) -> str:
         return f"{self.base_url}/{name}.git"
+
+    def push_url(self, name: str) -> str:
+        """The repository's URL with the push credential in it, for its owner's `git clone` and `git push`."""
+        if self.push_credentials is None:
+            raise RuntimeError(f"the git server at {self.base_url} takes no pushes: it has no push credential")
+        user, _, password = self.push_credentials.read_text().strip().partition(":")
+        scheme, _, rest = self.base_url.partition("://")
+        return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{rest}/{name}.git"
 
     def create(self, name: str, files: dict[str, str] | None = None, branch: str = "main") -> str:
         """A new bare repository (with a first commit when `files` are given); returns its URL."""
@@ -256,8 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--auth-file", type=Path, help="file holding user:password for HTTP basic auth")
     parser.add_argument("--kubeconfig", type=Path,
                         help="announce pushes to Flux: annotate the GitRepositories of the pushed repository")
+    parser.add_argument("--push-auth-file", type=Path,
+                        help="file holding user:password that a push needs (HTTP basic auth); without it, pushes "
+                             "are refused")
     args = parser.parse_args(argv)
-    serve(args.root, args.port, args.auth_file, args.kubeconfig)
+    serve(args.root, args.port, args.auth_file, args.kubeconfig, args.push_auth_file)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
-def https_ok(url: str, pki: Path, timeout: float = 2.0, verify_server: bool = True) -> bool:
-    """GET `url` with the admin client certificate; True on HTTP 200.
+def https_ok(url: str, pki: Path, timeout: float = 2.0, verify_server: bool = True, client: str = "admin") -> bool:
+    """GET `url` with the client certificate `client` of `pki` (the admin's by default); True on HTTP 200.
 
     kube-controller-manager and kube-scheduler serve self-signed certificates: their loopback
     health checks pass verify_server=False (liveness only, no credentials sent in the request).
@@ -29,7 +29,7 @@ def https_ok(url: str, pki: Path, timeout: float = 2.0, verify_server: bool = Tr
     if not verify_server:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    context.load_cert_chain(str(pki / f"{client}.crt"), str(pki / f"{client}.key"))
     try:
         with urllib.request.urlopen(url, context=context, timeout=timeout) as response:
             return response.status == 200

@@ -51,7 +51,8 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
 
 
 def _issue(subject: x509.Name, key, ca_cert: x509.Certificate | None, ca_key, *, ca: bool = False,
-           usage: ExtendedKeyUsageOID | None = None, sans: list[x509.GeneralName] | None = None) -> x509.Certificate:
+           usage: ExtendedKeyUsageOID | list[ExtendedKeyUsageOID] | None = None,
+           sans: list[x509.GeneralName] | None = None) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
     builder = (
         x509.CertificateBuilder()
@@ -69,7 +70,8 @@ def _issue(subject: x509.Name, key, ca_cert: x509.Certificate | None, ca_key, *,
                           key_encipherment=False, data_encipherment=False, key_agreement=False,
                           encipher_only=False, decipher_only=False), critical=True)
     if usage:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage if isinstance(usage, list) else [usage]),
+                                        critical=False)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return builder.sign(ca_key, hashes.SHA256())
@@ -102,6 +104,36 @@ def ensure_pki(directory: Path) -> Path:
         _create_core(directory)
     for stem, common_name, organization in CLIENTS:
         issue_client_certificate(directory, stem, common_name, organization)
+    ensure_etcd_pki(directory / "etcd")
+    return directory
+
+
+# etcd's clients: the API server, and the platform's health check. etcd holds every Secret in the clear, and
+# anything on the host's loopback (a team's program under the process executor shares the host's network)
+# could read it without a certificate; with a CA of its own, no other certificate of the platform opens it.
+ETCD_CLIENTS = (("apiserver-etcd-client", "kube-apiserver-etcd-client"),
+                ("healthcheck-client", "kube-etcd-healthcheck-client"))
+
+
+def ensure_etcd_pki(directory: Path) -> Path:
+    """etcd's own CA, its serving certificate for 127.0.0.1 and its client certificates, unless present."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if not all((directory / name).exists() for name in ("ca.crt", "ca.key", "server.crt", "server.key")):
+        ca_key = _key()
+        ca_cert = _issue(_name("strata-etcd-ca"), ca_key, None, ca_key, ca=True)
+        _write(directory / "ca.key", _pem_key(ca_key), private=True)
+        _write(directory / "ca.crt", ca_cert.public_bytes(serialization.Encoding.PEM))
+        server_key = _key()
+        # Both uses, as kubeadm's: etcd's own HTTP gateway connects to its gRPC server with it.
+        server = _issue(_name("etcd"), server_key, ca_cert, ca_key,
+                        usage=[ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
+                        sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+        _write(directory / "server.key", _pem_key(server_key), private=True)
+        _write(directory / "server.crt", server.public_bytes(serialization.Encoding.PEM))
+        for stem, _ in ETCD_CLIENTS:
+            (directory / f"{stem}.crt").unlink(missing_ok=True)
+    for stem, common_name in ETCD_CLIENTS:
+        issue_client_certificate(directory, stem, common_name, None)
     return directory
 
 

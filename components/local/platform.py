@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -239,12 +240,17 @@ class LocalPlatform:
         ports = self._ports()
         return {port: ports[port] for port in CONTROLLER_PORTS[name]}
 
+    @property
+    def git_push_credentials(self) -> Path:
+        """What a push to the platform's git server needs (user:password): its owner's alone."""
+        return self.state / "git-push.credentials"
+
     def info(self) -> PlatformInfo:
         ports = json.loads((self.state / "platform.json").read_text())["ports"]
         return PlatformInfo(
             state_dir=self.state, kubeconfig_path=self.kubeconfig_path,
             server=f"https://127.0.0.1:{ports['apiserver']}",
-            git=GitRepos(self.state / "git", f"http://127.0.0.1:{ports['git']}"),
+            git=GitRepos(self.state / "git", f"http://127.0.0.1:{ports['git']}", self.git_push_credentials),
             ports=ports, bin_dirs=tuple(self.toolchain.bin_dirs),
         )
 
@@ -254,16 +260,25 @@ class LocalPlatform:
         tc, state, pki = self.toolchain, self.state, self.pki
         server = f"https://127.0.0.1:{ports['apiserver']}"
         kubeconfigs = state / "kubeconfigs"
-        etcd_url = f"http://127.0.0.1:{ports['etcd_client']}"
-        peer_url = f"http://127.0.0.1:{ports['etcd_peer']}"
+        # Clients need a certificate of etcd's own CA (pki.ensure_etcd_pki): only the API server has one.
+        etcd_pki = pki / "etcd"
+        etcd_url = f"https://127.0.0.1:{ports['etcd_client']}"
+        peer_url = f"https://127.0.0.1:{ports['etcd_peer']}"
         result: list[tuple[HostProcess, object]] = [
             (HostProcess("etcd", [str(tc.bin("etcd")), "--name=strata", f"--data-dir={state / 'etcd'}",
                                   f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                                  "--client-cert-auth", f"--trusted-ca-file={etcd_pki / 'ca.crt'}",
+                                  f"--cert-file={etcd_pki / 'server.crt'}", f"--key-file={etcd_pki / 'server.key'}",
                                   f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+                                  "--peer-client-cert-auth", f"--peer-trusted-ca-file={etcd_pki / 'ca.crt'}",
+                                  f"--peer-cert-file={etcd_pki / 'server.crt'}",
+                                  f"--peer-key-file={etcd_pki / 'server.key'}",
                                   f"--initial-cluster=strata={peer_url}", "--unsafe-no-fsync", "--log-level=warn"]),
-             lambda: http_ok(f"{etcd_url}/health")),
+             lambda: https_ok(f"{etcd_url}/health", etcd_pki, client="healthcheck-client")),
             (HostProcess("kube-apiserver", [
-                str(tc.bin("kube-apiserver")), f"--etcd-servers={etcd_url}",
+                str(tc.bin("kube-apiserver")), f"--etcd-servers={etcd_url}", f"--etcd-cafile={etcd_pki / 'ca.crt'}",
+                f"--etcd-certfile={etcd_pki / 'apiserver-etcd-client.crt'}",
+                f"--etcd-keyfile={etcd_pki / 'apiserver-etcd-client.key'}",
                 # The machine may have no default route: without an explicit address the apiserver exits.
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports['apiserver']}",
                 "--endpoint-reconciler-type=none",
@@ -310,7 +325,7 @@ class LocalPlatform:
             ]), lambda: http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz")),
             (HostProcess("git-server", [
                 sys.executable, "-m", "strata_components.local.gitserver", f"--root={state / 'git'}",
-                f"--port={ports['git']}",
+                f"--port={ports['git']}", f"--push-auth-file={self.git_push_credentials}",
                 # A push is announced to Flux at once (as a webhook Receiver would): no waiting for a poll,
                 # under an identity of its own that may patch GitRepositories and nothing else.
                 f"--kubeconfig={kubeconfigs / 'git-server.kubeconfig'}",
@@ -386,6 +401,8 @@ class LocalPlatform:
         self._write_kubeconfigs(ports)
         for directory in ("git", "flux/source"):
             (self.state / directory).mkdir(parents=True, exist_ok=True)
+        if not self.git_push_credentials.exists():
+            write_private(self.git_push_credentials, f"strata:{secrets.token_urlsafe(24)}")
         for wave in start_waves([process.name for process, _ in plan]):
             members = [(process, ready) for process, ready in plan if process.name in wave]
             already = {process.name for process, _ in members

@@ -54,7 +54,8 @@ def sync(namespace: str, url: str, backend: str, service_account: str) -> list[d
 def test_a_push_reaches_the_synced_stack_without_a_poll_and_the_sync_comes_down_stacks_first(
         stacks, local_platform, tmp_path):
     namespace, custom = stacks.namespace, stacks.custom
-    url = local_platform.git.create(unique("fleet"), manifests(namespace, "v1"))
+    name = unique("fleet")
+    url = local_platform.git.create(name, manifests(namespace, "v1"))
     repository, kustomization = sync(namespace, url, stacks.backend,
                                      team_identity(local_platform, namespace, "fleet"))
     custom.create_namespaced_custom_object(*FLUX_SOURCE[:2], namespace, FLUX_SOURCE[2], repository)
@@ -74,7 +75,7 @@ def test_a_push_reaches_the_synced_stack_without_a_poll_and_the_sync_comes_down_
 
     clone = tmp_path / "clone"
     git = ["git", "-c", "user.name=alpha", "-c", "user.email=alpha@localhost"]
-    subprocess.run([*git, "clone", "-q", url, str(clone)], check=True)
+    subprocess.run([*git, "clone", "-q", local_platform.git.push_url(name), str(clone)], check=True)
     (clone / "clusters/test/program.yaml").write_text(manifests(namespace, "v2")["clusters/test/program.yaml"])
     subprocess.run([*git, "commit", "-qam", "greeting v2"], cwd=clone, check=True)
     pushed = time.monotonic()

@@ -1,4 +1,6 @@
+import pytest
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from strata_components.local.pki import ensure_pki
@@ -51,3 +53,18 @@ def test_node_certificates_name_the_node_in_the_nodes_group(tmp_path):
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:real-0"
     assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
     assert (pki / "node-real-0.key").stat().st_mode & 0o077 == 0
+
+
+def test_etcd_has_a_ca_of_its_own_so_no_other_certificate_of_the_platform_opens_it(tmp_path):
+    """etcd holds every Secret in the clear: only the API server's etcd client certificate (and the health
+    check's) is signed by the CA etcd trusts; the admin's, the controllers' and the git server's are not."""
+    pki = ensure_pki(tmp_path / "pki")
+    etcd_ca = _load(pki / "etcd" / "ca.crt")
+    for stem in ("apiserver-etcd-client", "healthcheck-client", "server"):
+        _load(pki / "etcd" / f"{stem}.crt").verify_directly_issued_by(etcd_ca)
+        assert (pki / "etcd" / f"{stem}.key").stat().st_mode & 0o077 == 0
+    for stem in ("admin", "controller-manager", "scheduler", "git-server", "kubelet-client"):
+        with pytest.raises((ValueError, InvalidSignature)):  # another issuer: etcd refuses it
+            _load(pki / f"{stem}.crt").verify_directly_issued_by(etcd_ca)
+    sans = _load(pki / "etcd" / "server.crt").extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
