@@ -63,7 +63,7 @@ if platform_settings:
         published = (repo.url, repo.commit)
     namespace = operator_config["namespace"]
     spec = platform_stack_spec(platform_settings, this_stack(), teams, published, namespace=namespace,
-                               sync_path=sync_path)
+                               sync_path=sync_path, operator_executor=operator_config.get("executor", "process"))
     # The platform stack shares this stack's backend and passphrase (it reads this stack by reference);
     # it derives each team's own passphrase from it and never hands it to a team.
     passphrase = config.get_secret("statePassphrase") or (

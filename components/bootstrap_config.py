@@ -159,11 +159,13 @@ def validate_team_buckets(settings: dict[str, Any], teams: list[dict[str, Any]])
 
 def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: list[dict[str, Any]],
                         published: tuple[pulumi.Input[str], pulumi.Input[str]] | None = None,
-                        namespace: str | None = None, sync_path: str | None = None) -> StackSpec:
+                        namespace: str | None = None, sync_path: str | None = None,
+                        operator_executor: str = "process") -> StackSpec:
     """`strata:platform` -> the Stack running programs/platform (layer 1), which reads `bootstrap_stack`
     by reference. Its git source is `repo` + `branch` when configured, else `published` (url, commit).
-    `namespace` is the platform Stack's own, where it puts the teams' hand-off Stacks; `sync_path` the
-    directory of this project Flux syncs, under which each team's own is (`team-<name>`)."""
+    `namespace` is the platform Stack's own (the operator's), where it puts the teams' hand-off Stacks;
+    `sync_path` the directory of this project Flux syncs, under which each team's own is (`team-<name>`);
+    `operator_executor` what the operator is given in each team's namespace."""
     spec: StackSpec = {
         "stack": settings.get("stack", "organization/strata-platform/dev"),
         "repo_dir": settings.get("dir", "programs/platform"),
@@ -177,6 +179,8 @@ def platform_stack_spec(settings: dict[str, Any], bootstrap_stack: str, teams: l
     }
     if namespace:
         spec["config"]["strata-platform:namespace"] = namespace
+    if operator_executor != "process":
+        spec["config"]["strata-platform:operatorExecutor"] = operator_executor
     if sync_path:
         spec["config"]["strata-platform:syncPath"] = sync_path.strip("/").removeprefix("./")
     if "repo" in settings:

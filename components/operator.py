@@ -1,8 +1,8 @@
 """Operator: the Strata operator's CRDs, namespace, identity and least-privilege RBAC, and the operator itself.
 
-In-cluster it is a Deployment with probes and a metrics Service. In local mode (kwok nodes run
-nothing) it is a host process of the local platform, authenticated with the token of exactly the
-same ServiceAccount, so the RBAC it runs under is the RBAC that ships. CRDs and RBAC rules come
+In-cluster it is a Deployment with probes and a metrics Service (for authorized scrapers). In local
+mode (kwok nodes run nothing) it is a host process of the local platform, authenticated with the token
+of exactly the same ServiceAccount, so the RBAC it runs under is the RBAC that ships. CRDs and RBAC rules come
 from the `strata_operator.api` package (crds/*.yaml, rbac/*.yaml), never from copies.
 """
 
@@ -31,6 +31,8 @@ from .kubeconfig import build_token_kubeconfig
 # The operator's API room: its CRDs (crds/*.yaml) and RBAC (rbac/*.yaml) are package data there.
 OPERATOR_API_PACKAGE = "strata_operator.api"
 PROCESS_NAME = "strata-operator"
+DEFAULT_OPERATOR_NAMESPACE = "strata-system"
+DEFAULT_OPERATOR_SERVICE_ACCOUNT = "strata-operator"
 LABELS = {"app.kubernetes.io/name": "strata-operator", "app.kubernetes.io/part-of": "strata"}
 # From SIGTERM to SIGKILL: the operator's drain of its running updates, and Kopf's cancellation after it.
 OPERATOR_STOP_GRACE_SECONDS = SHUTDOWN_DRAIN_SECONDS + 30
@@ -75,7 +77,9 @@ class OperatorArgs(TypedDict):
     """Container requests/limits (default 100m/256Mi requested, 1Gi memory limit)."""
     metrics_port: NotRequired[int]
     """Port of the Prometheus metrics (default in-cluster 8383; in local mode one the platform picks free
-    once and keeps, shown by `strata local status`)."""
+    once and keeps, shown by `strata local status`). In-cluster they answer only a bearer token whose user
+    may get /metrics (bind the ClusterRole strata-metrics-reader to Prometheus); in local mode they are on
+    127.0.0.1 only."""
     health_port: NotRequired[int]
     """Port of /healthz (default in-cluster 8384; in local mode as metrics_port); in local mode the start
     waits until it answers."""
@@ -102,6 +106,13 @@ class OperatorArgs(TypedDict):
     """The pod executor: node labels every workspace pod requires (e.g. a pool for updates)."""
     workspace_tolerations: NotRequired[Sequence[Mapping[str, str]]]
     """The pod executor: taints every workspace pod tolerates."""
+    served_namespaces: NotRequired[Sequence[str]]
+    """Namespaces whose Stacks the operator serves besides its own and the teams' (each team's environment grants
+    it there): it gets its Roles in each (the Secrets its Stacks name, and ServiceAccount tokens or workspace
+    pods), never cluster-wide. Elsewhere a Stack stalls as NamespaceNotServed."""
+    trusted_namespaces: NotRequired[Sequence[str]]
+    """The process executor: namespaces whose programs run unsandboxed, as the operator's own user, besides its
+    own (`--trusted-namespace`; "*": all). Only where whoever writes a Stack may act as the operator."""
     shards: NotRequired[Sequence[str]]
     """In-cluster mode: shard names (e.g. ["shard1", "shard2"]), Flux's sharding convention. Each shard is
     a Deployment `strata-operator-<shard>` of its own (same image, flags, replicas and leader election,
@@ -128,34 +139,67 @@ def build_operator_identity(namespace: str, service_account: str) -> list[dict[s
 
 
 EXECUTOR_LABEL = "strata.dev/executor"
+# A packaged Role labelled so is the operator's in every namespace it serves (build_served_namespace_rbac).
+SCOPE_LABEL, SERVED_NAMESPACE = "strata.dev/scope", "served-namespace"
+# A packaged role labelled so is shipped for others to bind (strata-metrics-reader, for Prometheus).
+BIND_LABEL, FOR_OTHERS = "strata.dev/bind", "others"
+
+
+def _for_others(role: Mapping[str, Any]) -> bool:
+    return (role["metadata"].get("labels") or {}).get(BIND_LABEL) == FOR_OTHERS
 
 
 def build_operator_rbac(namespace: str, service_account: str, packaged: Sequence[dict[str, Any]],
                         executor: str = "process") -> list[dict[str, Any]]:
     """The packaged ClusterRoles/Roles (rules as shipped), each bound to this ServiceAccount only; a role
-    labelled for one executor only when the operator runs that one. Bindings and ServiceAccounts in the
-    package are ignored: the subject is decided here."""
-    subject = [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]
+    labelled for one executor only when the operator runs that one, and none shipped for others to bind.
+    Roles are made in the operator's own namespace, which it serves like a team's (its platform Stacks run
+    there). Bindings and ServiceAccounts in the package are ignored: the subject is decided here."""
     objects: list[dict[str, Any]] = []
     for role in packaged:
-        kind = role.get("kind")
-        if kind not in ("ClusterRole", "Role"):
+        if role.get("kind") not in ("ClusterRole", "Role") or _for_others(role) or not _for_executor(role, executor):
             continue
-        if (role["metadata"].get("labels") or {}).get(EXECUTOR_LABEL, executor) != executor:
-            continue
-        name = role["metadata"]["name"]
-        metadata: dict[str, Any] = {"name": name, "labels": LABELS}
-        if kind == "Role":
-            metadata["namespace"] = namespace
-        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": metadata,
-                        "rules": role["rules"]})
-        objects.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding",
-                        "metadata": dict(metadata),
-                        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
-                        "subjects": subject})
+        objects += _bound(role, namespace, service_account, namespace)
     if not any(item["kind"] == "ClusterRole" for item in objects):
         raise ValueError(f"{OPERATOR_API_PACKAGE}/rbac/*.yaml has no ClusterRole: the operator could not watch Stacks")
     return objects
+
+
+def build_served_namespace_rbac(namespace: str, operator_namespace: str, service_account: str,
+                                packaged: Sequence[dict[str, Any]], executor: str = "process") -> list[dict[str, Any]]:
+    """What the operator may do in `namespace`, one it serves (a team's): the packaged Roles scoped to served
+    namespaces, for its executor, made there and bound to its ServiceAccount only. Nothing cluster-wide grants
+    them: a namespace without these stalls its Stacks as NamespaceNotServed."""
+    objects: list[dict[str, Any]] = []
+    for role in packaged:
+        labels = role["metadata"].get("labels") or {}
+        if role.get("kind") == "Role" and labels.get(SCOPE_LABEL) == SERVED_NAMESPACE and _for_executor(role, executor):
+            objects += _bound(role, namespace, service_account, operator_namespace)
+    return objects
+
+
+def _for_executor(role: Mapping[str, Any], executor: str) -> bool:
+    return (role["metadata"].get("labels") or {}).get(EXECUTOR_LABEL, executor) == executor
+
+
+def _bound(role: Mapping[str, Any], namespace: str, service_account: str,
+           operator_namespace: str) -> list[dict[str, Any]]:
+    """The role (a Role made in `namespace`) and its binding to the operator's ServiceAccount."""
+    kind, name = role["kind"], role["metadata"]["name"]
+    metadata: dict[str, Any] = {"name": name, "labels": LABELS}
+    if kind == "Role":
+        metadata["namespace"] = namespace
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": metadata, "rules": role["rules"]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding", "metadata": dict(metadata),
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+             "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": operator_namespace}]}]
+
+
+def build_reader_roles(packaged: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The packaged ClusterRoles shipped for others to bind (strata-metrics-reader), unbound."""
+    return [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+             "metadata": {"name": role["metadata"]["name"], "labels": LABELS}, "rules": role["rules"]}
+            for role in packaged if role.get("kind") == "ClusterRole" and _for_others(role)]
 
 
 DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
@@ -167,10 +211,16 @@ CONTAINER_COMMAND = ["python", "-m", "strata_operator"]
 OPERATOR_HOME = "/home/strata"  # HOME of the image's user (operator/Dockerfile)
 
 
+# In a pod the metrics are served on the pod's address (for its Service), to authorized scrapers only; on a
+# host the operator's default, loopback, holds.
+IN_CLUSTER_METRICS_FLAGS = ["--metrics-bind-address=0.0.0.0", "--metrics-auth=kubernetes"]
+
+
 def build_operator_flags(metrics_port: int = DEFAULT_METRICS_PORT, health_port: int = DEFAULT_HEALTH_PORT,
                          extra: Sequence[str] = (), flux_events_address: str = "") -> list[str]:
-    """Flags of `python -m strata_operator` (see strata_operator.main)."""
-    return [*build_port_flags(metrics_port, health_port), *build_flux_events_flags(flux_events_address), *extra]
+    """Flags of the in-cluster `python -m strata_operator` (see strata_operator.main)."""
+    return [*build_port_flags(metrics_port, health_port), *IN_CLUSTER_METRICS_FLAGS,
+            *build_flux_events_flags(flux_events_address), *extra]
 
 
 def build_flux_events_flags(flux_events_address: str) -> list[str]:
@@ -191,7 +241,12 @@ def build_local_ports(requested: Mapping[str, int | None], kept: Mapping[str, in
 
 
 def build_executor_flags(args: OperatorArgs) -> list[str]:
-    """The flags that choose the executor (none for the default, process)."""
+    """The flags that choose the executor (none for the default, process) and the namespaces it trusts."""
+    trusted = [f"--trusted-namespace={namespace}" for namespace in args.get("trusted_namespaces", ())]
+    return [*_executor_flags(args), *trusted]
+
+
+def _executor_flags(args: OperatorArgs) -> list[str]:
     executor = args.get("executor", "process")
     if executor not in ("process", "pod"):
         raise ValueError(f"operator: `executor` is {executor!r}; use \"process\" or \"pod\"")
@@ -321,10 +376,13 @@ def build_operator_metrics_service(namespace: str, metrics_port: int = DEFAULT_M
 
 def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every non-CRD object of the operator for its mode, in apply order."""
-    namespace = args.get("namespace", "strata-system")
-    service_account = args.get("service_account", "strata-operator")
+    namespace = args.get("namespace", DEFAULT_OPERATOR_NAMESPACE)
+    service_account = args.get("service_account", DEFAULT_OPERATOR_SERVICE_ACCOUNT)
+    executor = args.get("executor", "process")
     objects = [*build_operator_identity(namespace, service_account),
-               *build_operator_rbac(namespace, service_account, packaged_rbac, args.get("executor", "process"))]
+               *build_operator_rbac(namespace, service_account, packaged_rbac, executor)]
+    for served in args.get("served_namespaces", ()):
+        objects += build_served_namespace_rbac(served, namespace, service_account, packaged_rbac, executor)
     shards = check_shard_names(args.get("shards", ()))
     if args["mode"] == "local":
         if shards:
@@ -348,7 +406,7 @@ def build_operator_objects(args: OperatorArgs, packaged_rbac: Sequence[dict[str,
                                       tolerations=args.get("tolerations", ()),
                                       flux_events_address=args.get("flux_events_address", ""), shard=shard),
             build_operator_metrics_service(namespace, metrics_port, shard)]
-    return [*objects, *operators]
+    return [*objects, *build_reader_roles(packaged_rbac), *operators]
 
 
 # -- local mode: the operator as a supervised host process ---------------------------------------
@@ -469,8 +527,8 @@ class Operator(pulumi.ComponentResource):
                 f"{name}-{object_key(manifest)}", manifest,
                 pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=after)))
 
-        namespace = args.get("namespace", "strata-system")
-        service_account = args.get("service_account", "strata-operator")
+        namespace = args.get("namespace", DEFAULT_OPERATOR_NAMESPACE)
+        service_account = args.get("service_account", DEFAULT_OPERATOR_SERVICE_ACCOUNT)
         self.kubeconfig = None
         if args["mode"] == "local":
             local = args["local"]

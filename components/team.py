@@ -14,11 +14,14 @@ from typing import Any, TypedDict
 
 import pulumi
 import pulumi_kubernetes as k8s
+from strata_operator.api import FILE_BACKEND_ANNOTATION
 from typing_extensions import NotRequired
 
 from .kube_objects import build_token_secret, create_object, object_key, token_from_secret_data
 from .kubeconfig import build_token_kubeconfig
 from .layers import PASSPHRASE_SECRET, this_stack
+from .operator import (DEFAULT_OPERATOR_NAMESPACE, DEFAULT_OPERATOR_SERVICE_ACCOUNT, build_served_namespace_rbac,
+                       load_packaged_manifests)
 from .stack import Stack, StackSpec
 from .team_entries import CREATED_BY_STACK, team_names
 from .team_state import DEFAULT_LIFETIME_SECONDS, STATE_CREDENTIALS_SECRET, TeamStateCredentials
@@ -27,6 +30,12 @@ READ = ["get", "list", "watch"]
 WRITE = ["get", "list", "watch", "create", "update", "patch", "delete"]
 FLUX_SOURCE_API = "source.toolkit.fluxcd.io/v1"
 FLUX_KUSTOMIZE_API = "kustomize.toolkit.fluxcd.io/v1"
+# Pod Security admission on every team namespace: the `restricted` standard, enforced (a pod asking for more
+# is refused at creation, whoever creates it: the team, its Deployments, the operator's workspace pods),
+# warned about and audited, at the API server's latest version of the standard.
+POD_SECURITY_LABELS = {f"pod-security.kubernetes.io/{mode}{suffix}": value
+                       for mode in ("enforce", "warn", "audit")
+                       for suffix, value in (("", "restricted"), ("-version", "latest"))}
 
 
 class TeamSourceArgs(TypedDict):
@@ -77,6 +86,15 @@ class TeamStateArgs(TypedDict):
     """How long the team's credentials are valid (default 30 days); re-minted once half of it has passed."""
 
 
+class TeamOperatorArgs(TypedDict):
+    namespace: NotRequired[str]
+    """The operator's namespace (default strata-system)."""
+    service_account: NotRequired[str]
+    """The operator's ServiceAccount (default strata-operator)."""
+    executor: NotRequired[str]
+    """The operator's executor, "process" or "pod" (default process): what it needs in the team's namespace."""
+
+
 class TeamEnvironmentArgs(TypedDict):
     provider: k8s.Provider
     """Provider of the cluster, with rights to create namespaces and RBAC."""
@@ -106,6 +124,13 @@ class TeamEnvironmentArgs(TypedDict):
     """State of the team's own in an object store: its bucket, and credentials reaching only that bucket
     as the Secret `strata-state-credentials` in its namespace (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
     AWS_SESSION_TOKEN), which its Stacks name in their envRefs."""
+    operator: NotRequired[TeamOperatorArgs]
+    """The operator serving the team's Stacks: it gets, in the team's namespace only, the Roles it needs there
+    (the Secrets its Stacks name, and ServiceAccount tokens or workspace pods), and nothing anywhere else."""
+    file_backend: NotRequired[str]
+    """The team's file:// state directory (its backend's URL), on the operator's host: under the process executor
+    the only one of the host's directories its programs may write (the namespace's annotation
+    strata.dev/file-backend, which the operator's sandbox binds)."""
 
 
 def build_team_rules() -> list[dict[str, Any]]:
@@ -137,15 +162,19 @@ def build_viewer_rules() -> list[dict[str, Any]]:
     ]
 
 
-def build_team_objects(team: str, namespace: str | None = None,
-                       read_namespaces: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Namespace, ServiceAccount, its token Secret, and the Roles/RoleBindings of one team, in apply order."""
+def build_team_objects(team: str, namespace: str | None = None, read_namespaces: Sequence[str] = (),
+                       operator: TeamOperatorArgs | None = None, file_backend: str = "") -> list[dict[str, Any]]:
+    """Namespace, ServiceAccount, its token Secret, the Roles/RoleBindings of one team, and the operator's
+    rights in its namespace, in apply order."""
     names = team_names(team, namespace)
     ns, sa = names["namespace"], names["service_account"]
     labels = {"strata.dev/team": team}
     subject = [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+    metadata: dict[str, Any] = {"name": ns, "labels": {**labels, **POD_SECURITY_LABELS}}
+    if file_backend:
+        metadata["annotations"] = {FILE_BACKEND_ANNOTATION: file_backend}
     objects: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns, "labels": labels},
          # The team's pods get their own identity; this one is for deploying.
          "automountServiceAccountToken": False},
@@ -169,7 +198,11 @@ def build_team_objects(team: str, namespace: str | None = None,
              "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names["viewer_role"]},
              "subjects": subject},
         ]
-    return objects
+    operator = operator or {}
+    served = build_served_namespace_rbac(ns, operator.get("namespace", DEFAULT_OPERATOR_NAMESPACE),
+                                         operator.get("service_account", DEFAULT_OPERATOR_SERVICE_ACCOUNT),
+                                         load_packaged_manifests("rbac"), operator.get("executor", "process"))
+    return [*objects, *served]
 
 
 def build_sync_metadata(team: str, namespace: str, created_by: str | None) -> dict[str, Any]:
@@ -244,7 +277,8 @@ class TeamEnvironment(pulumi.ComponentResource):
                 raise ValueError(f"team {team}: `{needs_source}` reads the team's `source`; add `source` (a git URL)")
         child = pulumi.ResourceOptions(parent=self, provider=args["provider"])
         created: dict[str, pulumi.CustomResource] = {}
-        for manifest in build_team_objects(team, args.get("namespace"), args.get("read_namespaces", ())):
+        for manifest in build_team_objects(team, args.get("namespace"), args.get("read_namespaces", ()),
+                                           args.get("operator"), args.get("file_backend", "")):
             # Everything namespaced waits for the team namespace; bindings wait for their subject.
             after = [created[key] for key in created if key.startswith(("namespace-", "serviceaccount-"))]
             created[object_key(manifest)] = create_object(

@@ -56,21 +56,33 @@ def kube_client(local_platform: PlatformInfo):
         yield client
 
 
-@pytest.fixture
-def namespace(kube_client, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A fresh namespace for one test, deleted afterwards (without waiting for it to go)."""
+def served_namespace(local_platform: PlatformInfo, kube_client, name: str, file_root: Path) -> Iterator[str]:
+    """Namespace `name`, created and served by the operator as a team's is: the operator's Roles bound there
+    (either executor's), and file:// state allowed under `file_root` (the platform's annotation, which the
+    process executor's sandbox binds); deleted afterwards (without waiting for it to go)."""
     from kubernetes import client
 
+    from strata_components.local.operator_host import serve_namespace
+    from strata_operator.api import FILE_BACKEND_ANNOTATION
+
     core = client.CoreV1Api(kube_client)
-    name = f"t-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
-    name = "".join(c for c in name if c.isalnum() or c == "-")
-    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespace({"metadata": {"name": name, "annotations": {FILE_BACKEND_ANNOTATION: str(file_root)}}})
+    serve_namespace(local_platform.kubeconfig_path, name)
     yield name
     try:
         core.delete_namespace(name)
     except client.ApiException as error:
         if error.status not in (404, 409):  # the test deleted it itself: gone, or still terminating
             raise
+
+
+@pytest.fixture
+def namespace(local_platform: PlatformInfo, kube_client, request: pytest.FixtureRequest,
+              tmp_path: Path) -> Iterator[str]:
+    """A fresh namespace for one test (`served_namespace`), its file:// state in the test's own directory."""
+    name = f"t-{request.node.name[:30].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
+    yield from served_namespace(local_platform, kube_client, "".join(c for c in name if c.isalnum() or c == "-"),
+                                tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,11 @@ API calls (stackctl), made as the user: what RBAC refuses is shown with the API 
 
 Only whoever holds the URL printed at start may use it: other users of this host reach loopback
 too, and the console acts with your credentials. The URL's token becomes a cookie (HttpOnly,
-SameSite=Strict); actions also need htmx's `HX-Request` header, which a cross-site form cannot send.
+SameSite=Strict) named for the console's port, as Jupyter names its own: a browser keeps cookies per host,
+not per port, so under one name the consoles on 127.0.0.1 (another user's, or your other platform's)
+overwrote each other's session and each read the other's token. The browser still sends it to any port of
+127.0.0.1 it is pointed at: open only the URL `strata console` printed for you. Actions also need htmx's
+`HX-Request` header, which a cross-site form cannot send.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ HERE = Path(__file__).parent
 VENDOR = HERE / "web" / "node_modules"
 VENDOR_FILES = {"htmx.min.js": VENDOR / "htmx.org" / "dist" / "htmx.min.js",
                 "sse.min.js": VENDOR / "htmx-ext-sse" / "dist" / "sse.min.js"}
-COOKIE = "strata_console"
+COOKIE_PREFIX = "strata_console_"
 # Changes arriving within this window go out as one event (a fleet's burst of status writes).
 BATCH_SECONDS = 0.05
 
@@ -52,13 +56,26 @@ def missing_assets() -> list[str]:
     return [str(path) for path in VENDOR_FILES.values() if not path.is_file()]
 
 
-class Console:
-    """The app's state: the user's cluster, the store, the templates, the token."""
+def cookie_name(port: int) -> str:
+    """The session cookie of the console on `port`: a host's cookies go to all its ports, so under one name
+    for every console each would overwrite and read the others'."""
+    return f"{COOKIE_PREFIX}{port}"
 
-    def __init__(self, cluster: stackctl.Cluster, state_dirs: list[Path], token: str | None = None) -> None:
+
+def same_token(given: str, token: str) -> bool:
+    """Whether `given` is the session's token, in time that does not tell how much of it matched
+    (as bytes: compare_digest refuses str with non-ASCII characters, which anyone may send)."""
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+class Console:
+    """The app's state: the user's cluster, the store, the templates, the token and the cookie that carries it."""
+
+    def __init__(self, cluster: stackctl.Cluster, state_dirs: list[Path], port: int, token: str | None = None) -> None:
         self.cluster = cluster
         self.state_dirs = state_dirs
         self.token = token or secrets.token_urlsafe(24)
+        self.cookie = cookie_name(port)
         self.store: Store | None = None
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
@@ -248,12 +265,12 @@ class TokenGate(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next: Any) -> Response:
         token = request.query_params.get("token")
-        if token is not None and hmac.compare_digest(token, self.console.token):
+        if token is not None and same_token(token, self.console.token):
             query = "&".join(f"{k}={v}" for k, v in request.query_params.multi_items() if k != "token")
             response = RedirectResponse(request.url.path + (f"?{query}" if query else ""), status_code=303)
-            response.set_cookie(COOKIE, self.console.token, httponly=True, samesite="strict")
+            response.set_cookie(self.console.cookie, self.console.token, path="/", httponly=True, samesite="strict")
             return response
-        if not hmac.compare_digest(request.cookies.get(COOKIE, ""), self.console.token):
+        if not same_token(request.cookies.get(self.console.cookie, ""), self.console.token):
             return PlainTextResponse("Open the URL `strata console` printed (it carries this session's token).",
                                      status_code=403)
         return await call_next(request)
@@ -296,7 +313,6 @@ def serve(cluster: stackctl.Cluster, port: int, state_dirs: list[Path], say=prin
     if missing:
         raise ConsoleError(f"the console's client library is not installed ({', '.join(missing)}): run `make setup` "
                            f"(it runs `npm ci --prefix {HERE / 'web'}`)")
-    console = Console(cluster, state_dirs)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -306,6 +322,7 @@ def serve(cluster: stackctl.Cluster, port: int, state_dirs: list[Path], say=prin
                            "port, or 0 for a free one") from None
     listener.listen(128)  # a browser opening the printed URL at once waits in the backlog until uvicorn accepts
     bound = listener.getsockname()[1]
+    console = Console(cluster, state_dirs, bound)
     # No access log: the first request's URL carries the token.
     config = uvicorn.Config(build_app(console), log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=2)  # open event streams never end by themselves

@@ -36,6 +36,19 @@ def install_operator_api(kubeconfig: Path, field_manager: str = "strata", execut
     ], field_manager=field_manager)
 
 
+def serve_namespace(kubeconfig: Path, namespace: str, executors: tuple[str, ...] = ("process", "pod"),
+                    field_manager: str = "strata") -> None:
+    """Let the operator serve `namespace` as a team's environment does: its Roles there, for `executors`.
+    Nothing cluster-wide lets it use Secrets, tokens or pods in a namespace (Stacks there stall as
+    NamespaceNotServed until this, or a team environment, grants them)."""
+    from ..operator import build_served_namespace_rbac, load_packaged_manifests
+
+    grants = {(o["kind"], o["metadata"]["name"]): o for executor in executors
+              for o in build_served_namespace_rbac(namespace, OPERATOR_NAMESPACE, OPERATOR_SERVICE_ACCOUNT,
+                                                   load_packaged_manifests("rbac"), executor)}
+    server_side_apply(kubeconfig, list(grants.values()), field_manager=field_manager)
+
+
 def apply_crds(kubeconfig: Path, crds: list[dict], field_manager: str = "strata") -> None:
     """Server-side apply `crds` (new ones, or a new version's schema of existing ones) and wait until
     every one is Established."""

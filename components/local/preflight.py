@@ -92,9 +92,18 @@ def missing_plugins() -> list[str]:
             for name in PLUGINS if not [d for d in plugins.glob(f"resource-{name}-v*") if d.is_dir()]]
 
 
+def missing_sandbox() -> list[str]:
+    """bubblewrap, in which the operator runs every team's program (engine/process/sandbox.py): `make setup`
+    installs it as root; anyone else installs it first."""
+    if shutil.which("bwrap") or os.geteuid() == 0:
+        return []
+    return ["bubblewrap (bwrap), the sandbox of each team's programs (without it they are refused, never run "
+            "unisolated): apt-get install -y bubblewrap (as root)"]
+
+
 def missing_dev_stack_requirements() -> list[str]:
     """Each missing piece with the exact command that installs it; empty when the dev stack can run."""
-    return [*missing_python_host(), *missing_plugins()]
+    return [*missing_python_host(), *missing_sandbox(), *missing_plugins()]
 
 
 def plugin_hosts_reachable(timeout: float = 3.0) -> bool:
@@ -108,11 +117,11 @@ def plugin_hosts_reachable(timeout: float = 3.0) -> bool:
     return False
 
 
-def report(python_host: list[str], plugins: list[str], online: bool) -> tuple[int, list[str]]:
-    """(exit code, lines) of the preflight: a missing language host always stops `make up`; a missing
-    plugin only offline, since online pulumi downloads it during the update."""
+def report(required: list[str], plugins: list[str], online: bool) -> tuple[int, list[str]]:
+    """(exit code, lines) of the preflight: a missing language host or sandbox (`required`) always stops `make
+    up`; a missing plugin only offline, since online pulumi downloads it during the update."""
     lines = []
-    fatal = python_host + ([] if online else plugins)
+    fatal = required + ([] if online else plugins)
     if fatal:
         lines.append(f"error: `make up` needs what this machine does not have ({'online' if online else 'offline'}):")
         lines += [f"  - {item}" for item in fatal]
@@ -126,11 +135,11 @@ def report(python_host: list[str], plugins: list[str], online: bool) -> tuple[in
 
 
 def main() -> int:
-    python_host, plugins = missing_python_host(), missing_plugins()
-    if not python_host and not plugins:
+    required, plugins = [*missing_python_host(), *missing_sandbox()], missing_plugins()
+    if not required and not plugins:
         return 0
     # Only asked when something is missing: a complete install never touches the network here.
-    code, lines = report(python_host, plugins, online=bool(plugins) and plugin_hosts_reachable())
+    code, lines = report(required, plugins, online=bool(plugins) and plugin_hosts_reachable())
     for line in lines:
         print(line, file=sys.stderr)
     return code

@@ -46,6 +46,7 @@ PAUSE_IMAGE = "strata.local/pause:3.10"
 NODE_LABEL = {"type": "real"}
 TAINT = {"key": "strata.dev/real-node", "value": "true", "effect": "NoSchedule"}
 TOLERATION = {"key": TAINT["key"], "operator": "Equal", "value": TAINT["value"], "effect": TAINT["effect"]}
+POD_PIDS_LIMIT = 4096  # an update's pulumi, language host and provider plugins use a few hundred
 KUBELET_SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops")
 FORWARDING_SYSCTL = "net.ipv4.ip_forward"  # Service traffic between pods is routed through the host
 RECORDED_SYSCTLS = (*KUBELET_SYSCTLS, FORWARDING_SYSCTL)
@@ -53,9 +54,10 @@ IPTABLES = ("iptables", "ip6tables")
 HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # A real node's runtime and network, plus what builds images for it (mmdebstrap; gcc for the pause image),
-# and the headless browser the console's integration test drives (with a font for its screenshots).
+# the headless browser the console's integration test drives (with a font for its screenshots), and the
+# sandbox the process executor runs teams' programs in (bubblewrap).
 DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "iproute2", "mmdebstrap",
-                   "gcc", "libc6-dev", "chromium", "chromium-driver", "fonts-dejavu-core")
+                   "gcc", "libc6-dev", "chromium", "chromium-driver", "fonts-dejavu-core", "bubblewrap")
 GATEWAY_PROCESS = "node-gateway"
 
 
@@ -93,15 +95,17 @@ def ensure_debian_packages(say) -> bool:
     name the command. True when everything is installed."""
     missing = missing_debian_packages() if shutil.which("dpkg-query") else list(DEBIAN_PACKAGES)
     if not missing:
-        say(f"host packages (real nodes, the console's browser test): all installed ({', '.join(DEBIAN_PACKAGES)})")
+        say(f"host packages (real nodes, the console's browser test, the process executor's sandbox): all installed "
+            f"({', '.join(DEBIAN_PACKAGES)})")
         return True
     command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        say(f"real nodes and the console's browser test (optional) need Debian packages: {' '.join(command)} (as "
-            "root); kwok nodes work without")
+        say(f"real nodes, the console's browser test and the process executor's sandbox of teams' programs need "
+            f"Debian packages: {' '.join(command)} (as root); kwok nodes work without")
         return False
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    say(f"installing Debian packages for real nodes and the console's browser test: {' '.join(missing)}")
+    say(f"installing Debian packages for real nodes, the console's browser test and the process executor's "
+        f"sandbox: {' '.join(missing)}")
     for attempt in (command, ["apt-get", "update", "-q"], command):  # stale package lists: update once, retry
         result = subprocess.run(attempt, capture_output=True, text=True, env=env, check=False)
         if result.returncode == 0 and attempt is command and not missing_debian_packages():
@@ -229,6 +233,9 @@ def build_kubelet_config(node: RealNode, ca_file: Path, cluster_dns: str | None 
         "imageGCHighThresholdPercent": 99, "imageGCLowThresholdPercent": 98,
         "serializeImagePulls": False,
         "shutdownGracePeriod": "0s",
+        # Kubernetes has no per-pod field for it: the kubelet caps every pod's processes, so a fork bomb in a
+        # team's workspace pod (or any pod) exhausts its own PIDs, not the node's.
+        "podPidsLimit": POD_PIDS_LIMIT,
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import ipaddress
 import logging
 import os
 import re
@@ -27,6 +28,8 @@ from .engine.process.plugins import default_plugin_cache
 from .engine.process.virtualenvs import default_python_cache
 from .services.flux_events import check_address
 from .services.memory import start_trimming
+from .services.metrics import MetricsServing
+from .sources.archive import DEFAULT_MAX_SOURCE_BYTES
 
 if TYPE_CHECKING:  # imported when run() starts: importing controllers registers their Kopf handlers
     from .controllers.leadership import ElectionSettings
@@ -69,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, help="maximum concurrent updates (default: 10, or twice the CPU cores if "
                    f"fewer; with --executor pod {DEFAULT_POD_CONCURRENCY}, since updates then run on the cluster's nodes)")
     p.add_argument("--update-timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, help="seconds per engine run")
+    p.add_argument("--max-source-bytes", type=int, default=DEFAULT_MAX_SOURCE_BYTES, metavar="BYTES",
+                   help="the largest source a Stack or Workspace may have, in bytes: a git checkout's files and "
+                        "what git fetches, a Flux artifact downloaded and unpacked, a workspace pod's upload; a "
+                        f"larger one stalls its Stack naming this flag (default: {DEFAULT_MAX_SOURCE_BYTES >> 20} MiB)")
     p.add_argument("--stall-after-failures", type=int, default=DEFAULT_STALL_AFTER_FAILURES,
                    help="consecutive failures after which a Stack is Stalled/UpdateFailed until it changes")
     p.add_argument("--min-resync-seconds", type=int, default=MIN_RESYNC_SECONDS,
@@ -82,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "connection, saying BackendUnreachable on the Stack when not (0: off, for an operator "
                         "whose network may not reach the backends its workspace pods reach)")
     p.add_argument("--metrics-port", type=int, default=8383, help="Prometheus metrics port (0: off)")
+    p.add_argument("--metrics-bind-address", type=ip_address, default="127.0.0.1", metavar="ADDRESS",
+                   help="the IP address the metrics are served on (default 127.0.0.1: this host only; 0.0.0.0: every "
+                        "address, with --metrics-auth kubernetes, as the Operator component runs it in a pod)")
+    p.add_argument("--metrics-auth", choices=("none", "kubernetes"), default="none",
+                   help="who may read the metrics: `none`, whoever reaches the address (default); `kubernetes`, a "
+                        "client whose bearer token the API server accepts (TokenReview) for a user who may get the "
+                        "non-resource URL /metrics (SubjectAccessReview; the ClusterRole strata-metrics-reader "
+                        "grants it); needs create on tokenreviews and subjectaccessreviews")
     p.add_argument("--health-port", type=int, default=8384, help="liveness/readiness port (0: off)")
     p.add_argument("--no-leader-election", action="store_true",
                    help="handle Stacks without holding the leader Lease (for a single replica or tests; two "
@@ -113,8 +128,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --executor pod: a node label every workspace pod requires (repeatable)")
     p.add_argument("--workspace-toleration", action="append", default=[], metavar="KEY=VALUE:EFFECT",
                    help="with --executor pod: a taint every workspace pod tolerates (repeatable)")
+    p.add_argument("--trusted-namespace", action="append", default=[], metavar="NAMESPACE",
+                   help="with --executor process: a namespace whose Stacks' programs run unsandboxed, as the "
+                        "operator's own user, able to read whatever it can (repeatable; '*': every namespace, for "
+                        "an operator whose every Stack author may act as the operator). The operator's own "
+                        "namespace is always trusted; every other one runs in a bubblewrap sandbox of its own, "
+                        "or not at all")
     p.add_argument("--verbose", "-v", action="store_true")
     return p
+
+
+def ip_address(value: str) -> str:
+    """An IP address flag's value; argparse names the flag with the error."""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an IP address: give one such as 127.0.0.1, or 0.0.0.0 "
+                                         "for every address (the port is --metrics-port)") from None
 
 
 def workspace_settings(args: argparse.Namespace) -> WorkspaceSettings | None:
@@ -150,6 +180,15 @@ def operator_container_memory(environ: Mapping[str, str]) -> ContainerMemory | N
     return ContainerMemory("the operator's container", field) if field else None
 
 
+def trusted_namespaces(args: argparse.Namespace) -> frozenset[str]:
+    """The namespaces whose programs run unsandboxed: the operator's own (where its Lease is: the platform's
+    Stacks run there) and --trusted-namespace."""
+    from .controllers.leadership import discover_namespace
+
+    own = args.leader_election_namespace or discover_namespace(args.kubeconfig)[0]
+    return frozenset({own, *args.trusted_namespace})
+
+
 def preflight_settings(args: argparse.Namespace, election: ElectionSettings) -> PreflightSettings:
     from .controllers.leadership import discover_namespace
     from .controllers.preflight import PortSetting, PreflightSettings
@@ -157,7 +196,8 @@ def preflight_settings(args: argparse.Namespace, election: ElectionSettings) -> 
     lease = None
     if election.enabled:
         lease = (election.namespace or discover_namespace(election.kubeconfig)[0], election.lease_name)
-    return PreflightSettings(ports=(PortSetting("--metrics-port", args.metrics_port, "metrics"),
+    return PreflightSettings(ports=(PortSetting("--metrics-port", args.metrics_port, "metrics",
+                                                args.metrics_bind_address),
                                     PortSetting("--health-port", args.health_port, "health")),
                              kubeconfig=args.kubeconfig, lease=lease)
 
@@ -183,7 +223,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         importlib.import_module(f"{__package__}.{module}")
     from .controllers.context import OperatorSettings
     from .controllers import preflight
-    from .controllers.leadership import ElectionSettings, check_settings
+    from .controllers.leadership import ElectionSettings, check_settings, discover_namespace
     from .controllers.startup import StartupFailed, describe_startup_failure
 
     args = build_parser().parse_args(argv)
@@ -193,6 +233,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--concurrency must be at least 1")
     if args.min_resync_seconds < 1:
         raise SystemExit("--min-resync-seconds must be at least 1")
+    if args.max_source_bytes < 1:
+        raise SystemExit("--max-source-bytes must be at least 1")
     if args.plugin_cache.name != "plugins":
         raise SystemExit(f"--plugin-cache {args.plugin_cache}: name the plugins directory of a PULUMI_HOME (e.g. "
                          "/srv/pulumi/plugins), so that `PULUMI_HOME=/srv/pulumi pulumi plugin install ...` fills it")
@@ -228,7 +270,8 @@ def run(argv: Sequence[str] | None = None) -> int:
                             timeout_seconds=args.update_timeout, plugin_dirs=tuple(args.plugin_dir),
                             plugin_cache=args.plugin_cache.expanduser().absolute(),
                             python_cache=python_cache, bytecode_cache=bytecode_cache_beside(python_cache),
-                            container_memory=operator_container_memory(os.environ))
+                            container_memory=operator_container_memory(os.environ),
+                            trusted_namespaces=trusted_namespaces(args))
     try:
         log.info("%s", engine.summary())
     except EngineUnavailable as err:
@@ -237,8 +280,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         engine=engine,
         stall_after_failures=args.stall_after_failures, min_resync_seconds=args.min_resync_seconds,
         allow_operator_refs=args.operator_refs, backend_probe_seconds=args.backend_probe_seconds,
-        metrics_port=args.metrics_port, kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
-        workspace=workspace, shard=shard)
+        own_namespace=discover_namespace(args.kubeconfig)[0],
+        metrics=MetricsServing(args.metrics_port, args.metrics_bind_address, args.metrics_auth),
+        kubeconfig=args.kubeconfig, flux_events_address=flux_events_address,
+        workspace=workspace, shard=shard, max_source_bytes=args.max_source_bytes)
     start_trimming()  # the free heap a burst of Stacks leaves goes back to the system
     try:
         kopf.run(

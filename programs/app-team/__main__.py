@@ -3,8 +3,9 @@ kubeconfig (read by reference from the team's hand-off stack, which this stack's
 team's own, decrypts), so it can touch nothing else.
 
 Config: team, handoffStack (fully qualified; default organization/strata-team-handoff/<team>),
-image (default nginx:1.27), replicas (default 2), outsideNamespace (default default: where the
-`outsideAccess` output shows the API server refusing this team).
+image (default nginxinc/nginx-unprivileged:1.27: it serves on 8080 as a user other than root, as the
+team's namespace requires, Pod Security `restricted`), replicas (default 2), outsideNamespace (default
+default: where the `outsideAccess` output shows the API server refusing this team).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import pulumi_kubernetes as k8s
 
 from strata_components.kube_objects import SERVICE_OF_AN_AWAITED_DEPLOYMENT
 from strata_components.layers import TeamAccess, handoff_stack, list_status, read_team_access
+
+DEFAULT_IMAGE = "nginxinc/nginx-unprivileged:1.27"
+APP_PORT = 8080
+
 
 @dataclasses.dataclass(frozen=True)
 class AppSettings:
@@ -34,7 +39,7 @@ def read_settings(config: pulumi.Config) -> AppSettings:
     runs this function on the real engine; the resources below need the kubernetes plugin)."""
     team = config.require("team")
     return AppSettings(team=team, access=read_team_access(config.get("handoffStack") or handoff_stack(team)),
-                       image=config.get("image") or "nginx:1.27", replicas=config.get_int("replicas") or 2,
+                       image=config.get("image") or DEFAULT_IMAGE, replicas=config.get_int("replicas") or 2,
                        outside=config.get("outsideNamespace") or "default")
 
 
@@ -49,8 +54,13 @@ def main() -> None:
         "app", metadata={"namespace": namespace, "labels": labels},
         spec={"replicas": settings.replicas, "selector": {"matchLabels": labels},
               "template": {"metadata": {"labels": labels},
-                           "spec": {"containers": [{"name": "app", "image": settings.image,
-                                                    "ports": [{"name": "http", "containerPort": 80}]}]}}},
+                           # Pod Security `restricted`, which the team's namespace enforces.
+                           "spec": {"securityContext": {"runAsNonRoot": True,
+                                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                                    "containers": [{"name": "app", "image": settings.image,
+                                                    "ports": [{"name": "http", "containerPort": APP_PORT}],
+                                                    "securityContext": {"allowPrivilegeEscalation": False,
+                                                                        "capabilities": {"drop": ["ALL"]}}}]}}},
         opts=opts)
     service = k8s.core.v1.Service(
         "app", metadata={"namespace": namespace, "labels": labels, "annotations": SERVICE_OF_AN_AWAITED_DEPLOYMENT},

@@ -35,7 +35,7 @@ from strata_components.handoff import TeamHandoff, TeamHandoffArgs, build_handof
 from strata_components.layers import (HANDOFF_PROJECT, PASSPHRASE_SECRET, ClusterAccess, handoff_stack,
                                      read_cluster_access, team_backend, team_passphrase)
 from strata_components.stack import Program
-from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, TeamStateArgs
+from strata_components.team import TeamEnvironment, TeamEnvironmentArgs, TeamOperatorArgs, TeamStateArgs
 from strata_components.team_state import STATE_CREDENTIALS_SECRET, credential_env_refs
 from strata_components.team_entries import team_names, team_sync_path, validate_teams
 
@@ -54,14 +54,15 @@ def team_state(team: dict, field: str, backend: str | None,
 
 def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], backend: str | None,
               project_repo: tuple[str, str] | None, sync_path: str | None = None,
-              state_args: TeamStateArgs | None = None) -> TeamEnvironmentArgs:
+              state_args: TeamStateArgs | None = None,
+              operator: TeamOperatorArgs | None = None) -> TeamEnvironmentArgs:
     """A team runs an app when it names a `repo`, or a `dir` of this project's repository (`project_repo`:
     url, branch); its GitOps is `path` of its source (default: `<sync_path>/team-<name>` of this project),
     applied as the team, with its own state backend filled in: its bucket (`state_args`, with credentials
-    for it alone), else `teams/<name>` under `backend`."""
+    for it alone), else `teams/<name>` under `backend`. `operator` serves the team's Stacks."""
     name = team["name"]
     args: TeamEnvironmentArgs = {"provider": provider, "team": name, "server": server,
-                                 "read_namespaces": team.get("readNamespaces", [])}
+                                 "read_namespaces": team.get("readNamespaces", []), "operator": operator or {}}
     if "namespace" in team:
         args["namespace"] = team["namespace"]
     if "dir" in team and "repo" not in team and project_repo is None:
@@ -73,6 +74,9 @@ def team_args(team: dict, provider: k8s.Provider, server: pulumi.Input[str], bac
         state = s3.with_bucket(backend, state_args["bucket"])
     else:
         state = team_backend(backend, name) if backend else None
+    if state and state.startswith("file://"):
+        # The only directory of the operator's host its programs may write (the process executor's sandbox).
+        args["file_backend"] = state
     runs_app = "repo" in team or "dir" in team
     path = team_sync_path(team, sync_path)
     if source is not None and (runs_app or path):
@@ -119,6 +123,8 @@ class PlatformSettings:
     """The directory of this project Flux syncs for the platform; each team's directory is under it."""
     store_credentials: pulumi.Output[dict[str, str]] | None
     """The object store's credentials (secret) from this update's environment, when there are any."""
+    operator_executor: str
+    """The operator's executor ("process" or "pod"): what it is given in each team's namespace."""
 
 
 def read_settings(config: pulumi.Config) -> PlatformSettings:
@@ -134,7 +140,8 @@ def read_settings(config: pulumi.Config) -> PlatformSettings:
                       if config.get("projectRepo") else None),
         shared_passphrase=config.require_secret("statePassphrase") if teams else None,
         namespace=config.require("namespace") if teams else None, sync_path=config.get("syncPath"),
-        store_credentials=read_store_credentials(os.environ))
+        store_credentials=read_store_credentials(os.environ),
+        operator_executor=config.get("operatorExecutor") or "process")
 
 
 def read_store_credentials(environ: Mapping[str, str]) -> pulumi.Output[dict[str, str]] | None:
@@ -166,8 +173,10 @@ def main() -> None:
         passphrases[name] = team_passphrase(settings.shared_passphrase, name)
         state_args = team_state(team, f"strata-platform:teams[{index}] ({name})", backend, settings.store_credentials)
         # The team's own passphrase, for its app Stacks whoever creates them (this layer from `dir`/`repo`, or Flux).
+        # The operator runs in the platform's namespace, where this Stack and the hand-off Stacks are.
+        operator: TeamOperatorArgs = {"namespace": settings.namespace, "executor": settings.operator_executor}
         environment = TeamEnvironment(name, {**team_args(team, provider, server, backend, project_repo,
-                                                         settings.sync_path, state_args),
+                                                         settings.sync_path, state_args, operator),
                                              "passphrase": passphrases[name]})
         environments[name] = environment
         handoff_args: TeamHandoffArgs = {

@@ -21,10 +21,13 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 from requirements import missing_e2e_requirements
+from hostile_team import (assert_nothing_reached, assert_refused_beyond_its_own, commit_under_alpha, hostile_stack,
+                          run_hostile_stack, secret_values, wait_ready, wait_stack)
 from test_dev_stack import make, platform_pids, survivors
 
 from strata_components import s3
-from strata_components.local import objectstore
+from strata_components.local import objectstore, realnode
+from strata_components.local.gitserver import GitRepos
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,6 +149,8 @@ def test_make_up_cluster_runs_everything_of_strata_in_pods_with_state_in_the_obj
         assert s3.request(store, "GET", f"/{bucket}", alpha)[0] == 403, bucket
         assert s3.request(store, "HEAD", f"/{bucket}/.pulumi/meta.yaml", alpha)[0] == 403, bucket
 
+    hostile_team_is_contained(state, platform, custom, core)
+
     pids = platform_pids(state)
     down = make("down", home, "STACK=cluster")
     print(down.stdout[-4000:])
@@ -154,3 +159,51 @@ def test_make_up_cluster_runs_everything_of_strata_in_pods_with_state_in_the_obj
     assert not state.exists()
     # The host's changes undone: the pod bridge is gone.
     assert subprocess.run(["ip", "link", "show", "strata0"], capture_output=True).returncode != 0
+
+
+# What made a team node root beside the operator's pod, asked of its workspace pod's template.
+NODE_ROOT_TEMPLATE = {"spec": {"podTemplate": {"spec": {
+    "hostPID": True, "hostNetwork": True,
+    "containers": [{"name": "pulumi", "securityContext": {"privileged": True, "runAsUser": 0},
+                    "volumeMounts": [{"name": "host", "mountPath": "/host"}]}],
+    "volumes": [{"name": "host", "hostPath": {"path": "/"}}]}}}}
+
+
+def hostile_team_is_contained(state: Path, platform: LocalPlatform, custom: client.CustomObjectsApi,
+                              core: client.CoreV1Api) -> None:
+    """On the cluster stack alpha's programs run in its own workspace pods (the pod executor). A commit under
+    its path adds a Stack whose template asks for the node (refused before any pod, naming the fields), and
+    one whose Python program looks around its pod for the stand-in's and the operator's files, etcd, a push
+    into the platform's program and beta's Secrets: it gets none of them."""
+    ports = platform.info().ports
+    node = realnode.NODE_ADDRESS
+    targets = {
+        "files": {"admin kubeconfig": str(state / "kubeconfig"),
+                  "operator kubeconfig": str(state / "kubeconfigs" / "strata-operator.kubeconfig"),
+                  "git push credential": str(state / "git-push.credentials"), "CA key": str(state / "pki" / "ca.key"),
+                  "the node's kubelet": "/var/lib/kubelet/config.yaml"},
+        "directories": {"the node": "/host", "the node's pods": "/var/log/pods"}, "writable": {},
+        "etcd": f"{node}:{ports['etcd_client']}", "git": f"http://{node}:{ports['git']}/strata.git",
+        "apiserver": "https://kubernetes.default.svc", "otherNamespace": "team-beta"}
+    repos = GitRepos(state / "git", f"http://127.0.0.1:{ports['git']}")
+    commit_under_alpha(custom, repos, "clusters/dev", hostile_stack({}, "node-root", NODE_ROOT_TEMPLATE))
+    refused = wait_stack(custom, "team-alpha", "node-root", lambda status: any(
+        c["type"] == "Stalled" and c["status"] == "True" for c in status.get("conditions") or []), "Stalled")
+    condition = next(c for c in refused["status"]["conditions"] if c["type"] == "Stalled")
+    assert condition["reason"] == "WorkspaceTemplateForbidden", condition
+    for field in ("hostPID", "hostNetwork", "containers[0].securityContext.privileged", "volumes[0].hostPath"):
+        assert f"spec.workspaceTemplate.spec.podTemplate.spec.{field}" in condition["message"], condition
+    assert not core.list_namespaced_pod("team-alpha", field_selector="metadata.name=node-root-workspace").items
+
+    status = run_hostile_stack(custom, repos, "clusters/dev", hostile_stack(targets))
+    probes = status["outputs"]["probes"]
+    for name in targets["files"]:
+        assert probes[f"read {name}"].startswith("denied: FileNotFoundError"), (name, probes[f"read {name}"])
+    for name in targets["directories"]:
+        assert probes[f"list {name}"].startswith("denied: FileNotFoundError"), (name, probes[f"list {name}"])
+    # Its pod's processes only: the agent, the CLI, the language host, itself.
+    for process in ("kubelet", "containerd", "-m strata_operator ", "source-controller"):
+        assert process not in probes["processes"], (process, probes["processes"])
+    assert_refused_beyond_its_own(probes)
+    assert_nothing_reached(core, status, secret_values(state, targets["files"].values()))
+    wait_ready(custom, "team-alpha", "app")

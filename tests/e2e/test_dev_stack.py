@@ -24,7 +24,11 @@ import yaml
 from kubernetes import client, config
 from requirements import missing_e2e_requirements
 
+from hostile_team import (assert_nothing_reached, assert_refused_beyond_its_own, hostile_stack, run_hostile_stack,
+                          secret_values, wait_ready)
+
 from strata_components.console.models import layer_edges
+from strata_components.local.gitserver import GitRepos
 from strata_components.local.processes import descendants, running_pid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,6 +206,8 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_stops_at_what_it_cann
             for value in (secret.data or {}).values():
                 assert shared not in base64.b64decode(value).decode(errors="replace")
 
+    hostile_team_gets_nothing(home, custom, core, shared, passphrases["beta"])
+
     # beta's hand-off Stack can no longer be destroyed: the Secret its destroy needs is gone.
     core.delete_namespaced_secret("team-beta-handoff", OPERATOR_NAMESPACE)
     api.close()
@@ -234,3 +240,48 @@ def test_make_up_brings_every_layer_to_ready_and_make_down_stops_at_what_it_cann
     assert (ROOT / "Pulumi.dev.yaml").read_text() == committed
     assert not subprocess.run(["git", "status", "--porcelain", "--", "Pulumi.dev.yaml"], cwd=ROOT,
                               capture_output=True, text=True).stdout
+
+
+def hostile_team_gets_nothing(home: Path, custom: client.CustomObjectsApi, core: client.CoreV1Api, shared: str,
+                              beta_passphrase: str) -> None:
+    """A commit under team-alpha's path adds a Stack whose Python program looks around the machine it runs on
+    (the process executor's: this host) for what made a team cluster-admin before: the platform's admin
+    kubeconfig and the controller-manager's, the operator's token, the state passphrase, beta's state, the
+    operator's processes, etcd, a push into the platform's program. It runs, sandboxed, and gets none of it."""
+    state, backend = home / "platform", home / "pulumi"
+    ports = json.loads((state / "platform.json").read_text())["ports"]
+    targets = {
+        "files": {"admin kubeconfig": str(state / "kubeconfig"),
+                  "controller-manager kubeconfig": str(state / "kubeconfigs" / "controller-manager.kubeconfig"),
+                  "operator kubeconfig": str(state / "kubeconfigs" / "strata-operator.kubeconfig"),
+                  "state passphrase": str(home / "passphrase"),
+                  "git push credential": str(state / "git-push.credentials"),
+                  "CA key": str(state / "pki" / "ca.key")},
+        "directories": {"beta's state": str(backend / "teams" / "beta"), "the platform's state": str(backend),
+                        "the operator's state": str(state / "operator" / "stacks"), "home": str(home)},
+        "writable": {"beta's state": str(backend / "teams" / "beta"), "the operator's state": str(state / "operator")},
+        "etcd": f"127.0.0.1:{ports['etcd_client']}", "git": f"http://127.0.0.1:{ports['git']}/strata.git",
+        "apiserver": f"https://127.0.0.1:{ports['apiserver']}", "otherNamespace": "team-beta"}
+    # What those files hold that would open something: tokens, private keys, passphrases, the push credential.
+    secrets = [shared, beta_passphrase, *secret_values(state, targets["files"].values())]
+    status = run_hostile_stack(custom, GitRepos(state / "git", f"http://127.0.0.1:{ports['git']}"), "clusters/dev",
+                               hostile_stack(targets))
+    probes = status["outputs"]["probes"]
+    for name in targets["files"]:
+        assert probes[f"read {name}"].startswith("denied: FileNotFoundError"), (name, probes[f"read {name}"])
+    # A listing shows at most the directories leading to alpha's own (the sandbox's mount points), never what
+    # lies beside them.
+    assert probes["list beta's state"].startswith("denied: FileNotFoundError")
+    for name, leading in (("the platform's state", ["teams"]), ("the operator's state", ["team-alpha"]),
+                          ("home", ["platform", "pulumi"])):
+        assert probes[f"list {name}"] == f"GOT {leading}", (name, probes[f"list {name}"])
+    # It sees only its own sandbox's processes: its worker, the CLI, the language host, itself.
+    for process in ("kube-apiserver", "etcd", "-m strata_operator ", "kustomize-controller", "git-server"):
+        assert process not in probes["processes"], (process, probes["processes"])
+    assert_refused_beyond_its_own(probes)
+    assert_nothing_reached(core, status, secrets)
+    # A write is refused, or lands in the sandbox's own scratch (a directory made to hold its mounts: under /tmp,
+    # the sandbox's own tmpfs), never on the host.
+    assert not list((backend / "teams" / "beta").rglob("planted-by-another-team"))
+    assert not list((state / "operator").rglob("planted-by-another-team"))
+    wait_ready(custom, "team-alpha", "app")  # alpha's app runs the new commit too, and is Ready again

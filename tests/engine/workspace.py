@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from pulumi import automation as auto
+
+# The toolchain's CLI and YAML language host (`make setup`), which the engine tier's operator tests run.
+TOOLCHAIN = Path(os.environ.get("STRATA_CACHE", Path.home() / ".cache/strata")) / "toolchain"
+PULUMI = TOOLCHAIN / "pulumi-v3.259.0/bin/pulumi"
+YAML_HOST = TOOLCHAIN / "pulumi-yaml-v1.38.1/bin"
 
 
 def workspace_options(toolchain, pulumi_env: dict[str, str], backend: str, work_dir=None,

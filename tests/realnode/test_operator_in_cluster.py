@@ -1,6 +1,10 @@
 """The operator in-cluster, from its own image, as the Operator component renders it: two replicas on the
 real node, probes answering, one leader, a takeover within the Lease time when the leader's pod is
-deleted, and Stacks run to Ready from inside the pod under the operator's ServiceAccount."""
+deleted, and Stacks run to Ready from inside the pod under the operator's ServiceAccount.
+
+Its process executor cannot sandbox a program inside its container (the runtime's default seccomp profile
+refuses user namespaces), so it runs the programs of trusted namespaces only: the Stacks here live in one the
+Operator component names in `trusted_namespaces`, and a team's namespace is refused."""
 
 from __future__ import annotations
 
@@ -54,13 +58,23 @@ def _holder(kube_client) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployed(platform, kube_client, operator_image) -> Iterator[dict]:
+def trusted(kube_client) -> Iterator[str]:
+    """A namespace whose Stacks the in-cluster operator serves and trusts (the Operator component's
+    `served_namespaces` and `trusted_namespaces`), as a single-team operator would."""
+    name = f"trusted-{uuid.uuid4().hex[:5]}"
+    client.CoreV1Api(kube_client).create_namespace({"metadata": {"name": name}})
+    yield name
+    client.CoreV1Api(kube_client).delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def deployed(platform, kube_client, operator_image, trusted) -> Iterator[dict]:
     """Everything the Operator component creates in in-cluster mode, server-side applied; waits for 2 Ready pods."""
     install_operator_api(platform.kubeconfig_path)
     objects = build_operator_objects({
         "provider": None, "mode": "in-cluster", "image": operator_image.name, "image_pull_policy": "Never",
         "replicas": 2, "node_selector": realnode.NODE_LABEL, "tolerations": [realnode.TOLERATION],
-        "args": ["--min-resync-seconds=3"],
+        "args": ["--min-resync-seconds=3"], "served_namespaces": [trusted], "trusted_namespaces": [trusted],
     }, load_packaged_manifests("rbac"))
     started = time.monotonic()
     server_side_apply(platform.kubeconfig_path, objects)
@@ -156,8 +170,9 @@ def _stack_base(core: client.CoreV1Api, namespace: str) -> dict:
                                                                                  "key": "passphrase"}}}}
 
 
-def test_program_and_git_stacks_run_to_ready_inside_the_operator_pod(deployed, platform, kube_client, namespace):
+def test_program_and_git_stacks_run_to_ready_inside_the_operator_pod(deployed, platform, kube_client, trusted):
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = trusted
     base = _stack_base(core, namespace)
     custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
         "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "hello"},
@@ -180,6 +195,30 @@ def test_program_and_git_stacks_run_to_ready_inside_the_operator_pod(deployed, p
     for pod in _operator_pods(core):
         if pod.metadata.name != leader:  # the standby ran nothing
             assert f"[{namespace}/" not in core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE)
+
+
+def test_a_team_namespaces_program_is_refused_not_run_where_no_sandbox_can_run(deployed, kube_client, namespace):
+    """A team's namespace, served but not trusted: inside the operator's container bubblewrap cannot make a
+    sandbox, so the Stack stalls at once, naming the executor and the fixes; nothing of it runs."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    base = _stack_base(core, namespace)
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "programs", {
+        "apiVersion": "pulumi.com/v1", "kind": "Program", "metadata": {"name": "token"},
+        "program": _reader_program("/var/run/secrets/kubernetes.io/serviceaccount/token")})
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "token"},
+        "spec": {**base, "programRef": {"name": "token"}}})
+
+    def stalled():
+        status = _stack(custom, namespace, "token").get("status") or {}
+        found = next((c for c in status.get("conditions") or []
+                      if c["type"] == "Stalled" and c["status"] == "True"), None)
+        return (found, status) if found else None
+
+    condition, status = processes.wait_until(stalled, 120, "the team's Stack stalled")
+    assert condition["reason"] == "ExecutorCannotIsolate", condition
+    assert "--executor pod" in condition["message"] and "--trusted-namespace" in condition["message"]
+    assert not status.get("lastUpdate") and not status.get("outputs"), "something of it ran"
 
 
 def _reader_program(path: str) -> dict:
@@ -205,11 +244,12 @@ def _fixed_reader_output(custom: client.CustomObjectsApi, namespace: str, name: 
 
 
 def test_an_update_that_runs_the_operator_container_out_of_memory_says_so_and_the_operator_lives_on(
-        deployed, kube_client, namespace):
+        deployed, kube_client, trusted):
     """Reading /dev/zero grows the update's YAML host until the kernel kills it at the operator container's
     memory limit (the Operator component's default, 1Gi). The Stack says so and names the field that raises
     it; the operator is not restarted, and the fixed program updates."""
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = trusted
     _create_reader(core, custom, namespace, "reader")
 
     def out_of_memory():
@@ -261,7 +301,7 @@ def _guaranteed_leader(core: client.CoreV1Api, kube_client) -> client.V1Pod:
 
 
 def test_an_update_whose_oom_kill_takes_the_operator_container_fails_with_backoff_not_a_crash_loop(
-        deployed, kube_client, namespace):
+        deployed, kube_client, trusted):
     """On cgroup v2 nodes the kernel kills a container whole at its limit, the operator with the update's
     language host; run again at once, as an interrupted update is, it would kill the operator again and
     again. This node is cgroup v1, where the kernel kills one process: it is made to choose the operator
@@ -270,6 +310,7 @@ def test_an_update_whose_oom_kill_takes_the_operator_container_fails_with_backof
     update, and the update is a failure of its Stack, with backoff, naming the limit and the field.
     Last in the module: the Deployment is left with one replica."""
     core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = trusted
     client.AppsV1Api(kube_client).patch_namespaced_deployment(PROCESS_NAME, OPERATOR_NAMESPACE, {"spec": {
         "replicas": 1, "template": {"spec": {"containers": [{"name": "operator", "resources": GUARANTEED}]}}}})
     leader = _guaranteed_leader(core, kube_client)

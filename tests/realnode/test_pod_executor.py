@@ -30,9 +30,10 @@ from kubernetes.stream import stream
 
 from strata_components.local import processes, realnode
 from strata_components.local.kube import http_ok
-from strata_components.local.operator_host import operator_host
+from strata_components.local.operator_host import operator_host, serve_namespace
 from strata_components.local.platform import subprocess_ok
 from strata_components.local.images import ImageArchive, build_image_config, load_image, write_oci_archive
+from strata_components.team import POD_SECURITY_LABELS
 from strata_operator.engine.pod.workspace_pod import AGENT_PORT, CONTAINER, RUN_AS
 
 from .node_processes import pod_process
@@ -59,11 +60,13 @@ def _stack_spec(passphrase_secret: str = "pulumi") -> dict:
     }
 
 
-def _create_team(core: client.CoreV1Api, custom: client.CustomObjectsApi, namespace: str, team: str) -> dict:
-    """A team's namespace with its passphrase and canary, its state volume (a PersistentVolume on the
-    node, as a platform admin would provision it), its Program and its Stack."""
+def _create_team(platform, core: client.CoreV1Api, custom: client.CustomObjectsApi, namespace: str, team: str) -> dict:
+    """A team's namespace as the platform makes it (Pod Security restricted enforced, served by the operator)
+    with its passphrase and canary, its state volume (a PersistentVolume on the node, as a platform admin
+    would provision it), its Program and its Stack."""
     secrets = {"passphrase": f"{team}-passphrase-{uuid.uuid4().hex}", "canary": f"{team}-canary-{uuid.uuid4().hex}"}
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace({"metadata": {"name": namespace, "labels": POD_SECURITY_LABELS}})
+    serve_namespace(platform.kubeconfig_path, namespace, ("pod",))
     core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"}, "stringData": secrets})
     state = STATE_ROOT / namespace
     state.mkdir(parents=True, mode=0o700)
@@ -100,7 +103,7 @@ def teams(platform, toolchain, kube_client, operator_image, tmp_path_factory) ->
     created = {}
     try:
         for team, namespace in namespaces.items():
-            created[team] = _create_team(core, custom, namespace, team)
+            created[team] = _create_team(platform, core, custom, namespace, team)
         host.start()
         yield {"host": host, **created}
     finally:
@@ -651,3 +654,78 @@ def test_a_stack_deleted_in_the_foreground_is_destroyed_at_the_first_try_and_lea
         *core.list_namespaced_pod(namespace).items, *core.list_namespaced_secret(namespace).items,
         *core.list_namespaced_service_account(namespace).items) if o.metadata.name.startswith("doomed-workspace")]
     processes.wait_until(lambda: not leftovers(), 60, "the doomed Stack's workspace objects removed", interval=0.5)
+
+
+HOSTILE_TEMPLATE = {"spec": {"podTemplate": {"spec": {
+    "hostPID": True, "nodeName": "real-0",
+    "containers": [{"name": "pulumi", "securityContext": {"privileged": True, "runAsUser": 0},
+                    "volumeMounts": [{"name": "host", "mountPath": "/host"}]}],
+    "volumes": [{"name": "host", "hostPath": {"path": "/"}}]}}}}
+
+
+def test_a_template_asking_for_the_node_gets_no_pod_and_the_namespace_refuses_such_a_pod_from_anyone(
+        teams, kube_client):
+    """What made a team node root beside the operator's pod: a Stack whose template asks for a privileged
+    container as root, the node's processes and its `/`, on a named node. The operator refuses it before any
+    pod exists, naming each field as typed; and the team's namespace (Pod Security `restricted`, as the platform
+    labels it) refuses such a pod from anyone, the operator's and the team's own Deployments included. Alpha's
+    app keeps running."""
+    core, custom = client.CoreV1Api(kube_client), client.CustomObjectsApi(kube_client)
+    namespace = teams["alpha"]["namespace"]
+    custom.create_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", {
+        "apiVersion": "pulumi.com/v1", "kind": "Stack", "metadata": {"name": "root"},
+        "spec": {**_stack_spec(), "workspaceTemplate": HOSTILE_TEMPLATE}})
+    stalled = _wait(custom, namespace, lambda s: any(c["type"] == "Stalled" and c["status"] == "True"
+                                                     for c in (s.get("status") or {}).get("conditions") or []),
+                    "the hostile template refused", 60, name="root")
+    condition = next(c for c in stalled["status"]["conditions"] if c["type"] == "Stalled")
+    assert condition["reason"] == "WorkspaceTemplateForbidden", condition
+    prefix = "spec.workspaceTemplate.spec.podTemplate.spec"
+    for field in ("hostPID", "nodeName", "containers[0].securityContext.privileged",
+                  "containers[0].securityContext.runAsUser", "volumes[0].hostPath"):
+        assert f"{prefix}.{field}" in condition["message"], (field, condition["message"])
+    with pytest.raises(client.ApiException) as missing:
+        core.read_namespaced_pod("root-workspace", namespace)
+    assert missing.value.status == 404 and not stalled["status"].get("lastUpdate")
+    # The namespace itself refuses a privileged pod on the node, even from an admin.
+    with pytest.raises(client.ApiException) as refused:
+        core.create_namespaced_pod(namespace, {"metadata": {"name": "node-root"}, "spec": {
+            "hostPID": True, "nodeName": "real-0",
+            "containers": [{"name": "root", "image": realnode.PAUSE_IMAGE, "securityContext": {"privileged": True}}]}})
+    assert refused.value.status == 403 and "violates PodSecurity \"restricted:latest\"" in refused.value.body
+    assert _ready(_stack(custom, namespace))
+    custom.delete_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "root")
+
+
+def test_crafted_archives_are_refused_on_the_operator_images_own_python(teams, kube_client, operator_image):
+    """The workspace agent unpacks uploads with the image's Python (Debian's 3.11.2, which has no tarfile
+    extraction filter): every crafted archive case, run there in a pod of the team's namespace, holds."""
+    core = client.CoreV1Api(kube_client)
+    namespace = teams["beta"]["namespace"]
+    script = (Path(__file__).resolve().parents[1] / "unit" / "operator" / "crafted_archives.py").read_text()
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "crafted-archives"},
+                                                  "data": {"crafted_archives.py": script}})
+    security = {"runAsNonRoot": True, "runAsUser": RUN_AS, "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "crafted-archives"}, "spec": {
+        "restartPolicy": "Never", "nodeSelector": dict(realnode.NODE_LABEL), "tolerations": [dict(realnode.TOLERATION)],
+        "automountServiceAccountToken": False,
+        "containers": [{"name": "check", "image": operator_image.name, "imagePullPolicy": "Never",
+                        "command": ["python", "/check/crafted_archives.py"], "securityContext": security,
+                        "env": [{"name": "TMPDIR", "value": "/tmp"}],
+                        "volumeMounts": [{"name": "check", "mountPath": "/check"},
+                                         {"name": "tmp", "mountPath": "/tmp"}]}],
+        "volumes": [{"name": "check", "configMap": {"name": "crafted-archives"}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]}})
+
+    def finished():
+        pod = core.read_namespaced_pod("crafted-archives", namespace)
+        return pod if pod.status.phase in ("Succeeded", "Failed") else None
+
+    pod = processes.wait_until(finished, 180, "the crafted archives checked in the operator image")
+    log = core.read_namespaced_pod_log("crafted-archives", namespace)
+    print(log[-3000:])
+    assert pod.status.phase == "Succeeded", log[-3000:]
+    assert "Python 3.11.2, tarfile extraction filter: False" in log and "FAIL" not in log, log[-3000:]
+    assert log.count("ok  ") >= 20, log[-3000:]
+    core.delete_namespaced_pod("crafted-archives", namespace, grace_period_seconds=0)

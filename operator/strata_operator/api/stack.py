@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from .validation import ApiModel, SpecInvalid, SpecIssue, parse_duration, pydantic_issues
+from .workspace_template import ReservedPlacement, template_issues
 
 # Fields PKO v2 accepts that describe its pod-per-workspace machinery. They have no meaning for
 # how Strata runs updates; they are accepted and reported once as an Event.
@@ -27,7 +28,7 @@ _CONFIG_KEY = re.compile(r"^(?:[A-Za-z0-9_.-]+:)?[A-Za-z0-9_.\-\[\]\"]+$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 # A DNS subdomain (RFC 1123), as Secret names are; the CRD has the same pattern.
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_REPO_URL = re.compile(r"^(?:(?:https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+)$")
+_REPO_URL = re.compile(r"^(?:(?:https?|ssh|git)://\S+|[\w.-]+@[\w.-]+:\S+)$")
 # Flux source kinds whose objects the operator watches, so a new artifact wakes the Stack at once. Any
 # other kind with an artifact (HelmChart, ExternalArtifact, ...) is accepted too, and polled.
 WATCHED_FLUX_KINDS = ("GitRepository", "OCIRepository", "Bucket")
@@ -282,6 +283,18 @@ def _ref_issues(path: str, ref: ResourceRef, namespace: str) -> list[SpecIssue]:
     return issues
 
 
+def git_url_issues(path: str, url: str) -> list[SpecIssue]:
+    """A repository the operator may fetch for a team: a git server's, never one on the operator's own
+    filesystem (file://, a local path), where a team could make it read any repository of the host or pod."""
+    if url.lower().startswith("file:") or url.startswith(("/", ".", "~")):
+        return [SpecIssue(path, f"{url!r} is a repository on the operator's own filesystem, which it never reads "
+                                "for a team", "serve the repository from a git server (https://, ssh:// or "
+                                "user@host:path)")]
+    if not _REPO_URL.match(url):
+        return [SpecIssue(path, "not a git URL", "use https://, ssh://, git:// or user@host:path")]
+    return []
+
+
 def _relative_dir_issue(path: str, value: str) -> list[SpecIssue]:
     if ".." in value.split("/"):
         return [SpecIssue(path, "must be a path inside the source", "remove '..'")]
@@ -311,9 +324,7 @@ def _semantic_issues(spec: StackSpec, namespace: str) -> list[SpecIssue]:
             issues.append(SpecIssue("spec.gitAuth", "only applies to a git source (spec.projectRepo)",
                                     "remove spec.gitAuth or set spec.projectRepo"))
     else:
-        if not _REPO_URL.match(spec.project_repo):
-            issues.append(SpecIssue("spec.projectRepo", "not a git URL",
-                                    "use https://, ssh://, git://, file:// or user@host:path"))
+        issues += git_url_issues("spec.projectRepo", spec.project_repo)
         if bool(spec.commit) == bool(spec.branch):
             issues.append(SpecIssue("spec.commit" if spec.commit else "spec.branch",
                                     "exactly one of commit and branch must be set",
@@ -452,6 +463,8 @@ def parse_stack_spec(raw: dict[str, Any] | None, namespace: str) -> StackSpec:
 # With the pod executor: the parts of workspaceTemplate that Strata's workspace pod cannot honour (the
 # Stack's own fields say what the program is and which stack it runs).
 POD_NOT_APPLICABLE_FIELDS = ("serviceTemplate", "stacks", "pulumiLogLevel", "git", "flux")
+# PKO's default (the CRD's, on every Workspace, set or not), and the only profile of Strata's workspace pods.
+DEFAULT_SECURITY_PROFILE = "restricted"
 
 
 def not_applicable_fields(raw: dict[str, Any], in_workspace_pods: bool = False) -> list[str]:
@@ -460,7 +473,18 @@ def not_applicable_fields(raw: dict[str, Any], in_workspace_pods: bool = False) 
     template = ((raw.get("workspaceTemplate") or {}).get("spec") or {})
     return [*(f"workspaceTemplate.spec.{f}" for f in POD_NOT_APPLICABLE_FIELDS
               if template.get(f) not in (None, "", {}, [])),
+            # The pod is hardened to `restricted` whatever the template's profile (PKO's `baseline` loosens it).
+            *(["workspaceTemplate.spec.securityProfile"]
+              if template.get("securityProfile") not in (None, "", DEFAULT_SECURITY_PROFILE) else []),
             *(f for f in ("updateTemplate",) if raw.get(f) not in (None, "", {}, []))]
+
+
+def workspace_template_issues(spec: StackSpec, in_workspace_pods: bool, reserved: ReservedPlacement) -> list[SpecIssue]:
+    """What spec.workspaceTemplate asks of the workspace pod that a team may not have (workspace_template.py).
+    The process executor builds no pod from it: it is only reported as not applicable there."""
+    if not in_workspace_pods or spec.workspace_template is None:
+        return []
+    return template_issues(spec.workspace_template.get("spec"), "spec.workspaceTemplate.spec", reserved)
 
 
 def workspace_mounts(workspace_template: dict[str, Any] | None) -> dict[str, str]:

@@ -38,7 +38,8 @@ RECONCILING_SOURCE = "SourceNotReady"
 # An update runs but its state backend does not answer (Strata): the engine waits and retries; the Stack
 # says so while it lasts (checked every few seconds, services/backend_probe.py).
 RECONCILING_BACKEND_UNREACHABLE = "BackendUnreachable"
-# SpecInvalid and CrossNamespaceRefForbidden: api/stack.py's, whose issues decide between them (SpecInvalid.reason).
+# SpecInvalid, CrossNamespaceRefForbidden (api/stack.py) and WorkspaceTemplateForbidden (api/validation.py): the
+# issues decide between them (SpecInvalid.reason).
 STALLED_SOURCE_UNAVAILABLE = "SourceUnavailable"
 STALLED_CONFLICT = "UpdateConflict"
 STALLED_UPDATE_FAILED = "UpdateFailed"
@@ -67,6 +68,12 @@ PULUMI_VERSION_TOO_LOW = "PulumiVersionTooLow"
 # spec.serviceAccountName: under the process executor its updates have no cluster (the operator lends
 # them no identity of its own). Stalled at once like UpdateBlocked, under this reason.
 SERVICE_ACCOUNT_REQUIRED = "ServiceAccountRequired"
+# A Stack of a namespace the operator does not trust, whose program the process executor cannot sandbox
+# here (no bubblewrap, no user namespaces): Stalled at once, nothing run (engine/process/sandbox.py).
+EXECUTOR_CANNOT_ISOLATE = "ExecutorCannotIsolate"
+# A Stack in a namespace the operator does not serve: it has no right to the Secrets, tokens or pods its Stacks
+# need there (rbac/served-namespace.yaml), until a team environment or an admin grants them.
+STALLED_NAMESPACE_NOT_SERVED = "NamespaceNotServed"
 
 # Event reasons (PKO's names, and Flux's for suspend).
 EVENT_SUSPENDED = "Suspended"

@@ -23,6 +23,8 @@ class ApiModel(BaseModel):
 
 
 STALLED_SPEC_INVALID = "SpecInvalid"
+# A workspace pod template asks for what a team may not have (workspace_template.py).
+STALLED_TEMPLATE_FORBIDDEN = "WorkspaceTemplateForbidden"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,8 @@ class SpecInvalid(Exception):
 
     @property
     def reason(self) -> str:
-        """The Stalled reason: PKO's specific one when an issue has it (cross-namespace refs), else SpecInvalid."""
+        """The Stalled reason: a specific one when an issue has it (PKO's for cross-namespace refs, a forbidden
+        workspace template), else SpecInvalid."""
         return next((i.reason for i in self.issues if i.reason != STALLED_SPEC_INVALID), STALLED_SPEC_INVALID)
 
 

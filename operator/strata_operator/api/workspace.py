@@ -15,11 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .auto_conditions import READY, is_true
-from .stack import file_backend_mount
+from .stack import DEFAULT_SECURITY_PROFILE, file_backend_mount, git_url_issues
 from .validation import SpecInvalid, SpecIssue
 from .workspace_values import ConfigItem
 
-DEFAULT_SECURITY_PROFILE = "restricted"  # the CRD's default: on every Workspace, set or not
 # What PKO puts on its workspace pod, and only there.
 POD_FIELDS = ("image", "imagePullPolicy", "resources", "podTemplate", "serviceTemplate", "pulumiLogLevel")
 # fieldRef paths a Workspace's env may use here: what PKO's pod would read from itself.
@@ -148,6 +147,8 @@ def _source(raw: dict[str, Any], issues: list[SpecIssue]) -> Source | None:
     if kind == "git":
         if not body.get("url"):
             issues.append(SpecIssue("spec.git.url", "empty", "give the repository's URL"))
+        else:
+            issues += git_url_issues("spec.git.url", str(body["url"]))
         if not body.get("ref"):
             issues.append(SpecIssue("spec.git.ref", "empty", "name a branch, tag or commit SHA"))
         auth = body.get("auth") or None
@@ -168,6 +169,10 @@ def _source(raw: dict[str, Any], issues: list[SpecIssue]) -> Source | None:
                          ("digest", "give the artifact's digest (status.artifact.digest), e.g. sha256:...")):
             if not body.get(key):
                 issues.append(SpecIssue(f"spec.flux.{key}", "empty", fix))
+        if body.get("url") and not str(body["url"]).lower().startswith(("http://", "https://")):
+            issues.append(SpecIssue("spec.flux.url", f"{body['url']!r} is not an http:// or https:// URL: the operator "
+                                    "fetches artifacts from a server, never from its own files",
+                                    "give the artifact's URL on its server (a Flux source's status.artifact.url)"))
         return FluxSource(str(body.get("url") or ""), str(body.get("digest") or ""), directory)
     if not directory.startswith("/"):
         issues.append(SpecIssue("spec.local.dir", f"{directory!r} is not an absolute path",

@@ -21,7 +21,7 @@ from ..api.workspace import SECRET_VARIABLES, WorkspaceSpec
 from ..engine.pod.workspace_pod import WORKSPACE_SUFFIX
 from ..engine.port import UpdateRequest
 from ..services.events import post_event
-from ..services.redaction import redact
+from ..services.redaction import redactor_for
 from .context import woken
 
 RETRY_SECONDS = (10.0, 30.0, 60.0, 120.0, 300.0)
@@ -90,6 +90,7 @@ def auto_event(body: Any, reason: str, message: str, warning: bool = False) -> N
 
 async def patch_auto_status(ctx: Any, plural: str, body: Any, status: dict[str, Any]) -> bool:
     meta = body["metadata"]
+    redact = redactor_for(meta["namespace"]).redact
     clean = {key: redact(value) if isinstance(value, str) else value for key, value in status.items()}
     if "conditions" in clean:
         clean["conditions"] = [{**c, "message": redact(c["message"])} for c in clean["conditions"]]

@@ -13,12 +13,17 @@ import kopf
 
 from ..api.sharding import Shard
 from ..api.stack import MIN_RESYNC_SECONDS
+from ..api.workspace_template import ReservedPlacement
 from ..decisions.approval import APPROVE_ANNOTATION
 from ..decisions.planning import DEFAULT_STALL_AFTER_FAILURES, Requests
 from ..engine.pod.executor import WorkspaceSettings
 from ..engine.port import Engine
 from ..engine.process.executor import EngineSettings
+from ..services.fair_slots import FairSlots
 from ..services.kube import Kube
+from ..services.metrics import MetricsServing
+from ..sources.archive import DEFAULT_MAX_SOURCE_BYTES
+from ..sources.work import SourceWork
 
 RETRY_REFS_SECONDS = 30.0
 
@@ -26,7 +31,8 @@ RETRY_REFS_SECONDS = 30.0
 def passes_in_flight(concurrency: int) -> int:
     """How many Stacks' reconcile passes run at once: the engine's slots and three times as many more
     (passes that need no run go through while updates queue). The rest wait before reading anything,
-    holding nothing for their pass."""
+    holding nothing for their pass; the passes are shared fairly between namespaces, as the engine's
+    slots are (a pass holds its own while its run waits for one of those)."""
     return max(32, 4 * concurrency)
 
 
@@ -39,11 +45,20 @@ class OperatorSettings:
     # How often a running update's backend is probed (services/backend_probe.py); 0: never (an operator
     # whose egress may not reach the backends its workspace pods reach would report outages that are not).
     backend_probe_seconds: float = 10.0
-    metrics_port: int = 8383
+    # The operator's own namespace (its pod's, else its kubeconfig context's): its Stacks are the platform's,
+    # the backend probe's limits for a team's Stack (services/backend_probe.py) do not hold for them.
+    own_namespace: str = ""
+    metrics: MetricsServing = dataclasses.field(default_factory=MetricsServing)
     kubeconfig: str | None = None
     flux_events_address: str = ""  # Flux notification-controller event server; "" is off
+    max_source_bytes: int = DEFAULT_MAX_SOURCE_BYTES  # --max-source-bytes: see sources.archive.SizeCap
     workspace: WorkspaceSettings | None = None  # the pod executor's settings; None: the process executor
     shard: Shard = dataclasses.field(default_factory=Shard)  # the objects this operator owns (all by default)
+
+    @property
+    def reserved_placement(self) -> ReservedPlacement:
+        """What of a workspace pod's placement no template may set (none without workspace pods)."""
+        return self.workspace.reserved if self.workspace is not None else ReservedPlacement()
 
 
 @dataclasses.dataclass
@@ -102,7 +117,8 @@ class Context:
     registry: Registry = dataclasses.field(default_factory=Registry)
     # Every Stack's daemon starts a pass as soon as the Stack exists: unbounded, 1000 new Stacks are 1000
     # passes holding their spec, refs, Program and request for as long as the engine's queue takes.
-    passes: asyncio.Semaphore = dataclasses.field(default_factory=lambda: asyncio.Semaphore(passes_in_flight(1)))
+    passes: FairSlots = dataclasses.field(default_factory=lambda: FairSlots(passes_in_flight(1)))
+    sources: SourceWork = dataclasses.field(default_factory=SourceWork)  # git, artifacts: off the API's threads
 
 
 def in_shard(labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> bool:

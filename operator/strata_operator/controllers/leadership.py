@@ -36,7 +36,7 @@ from ..decisions.lease import (DEFAULT_LEASE_NAME, LEASE_DURATION_SECONDS, RENEW
                                RETRY_PERIOD_SECONDS, Decision, LeaseRecord, Observation, decide, lease_object, observe,
                                release_spec)
 from ..services.kube import Kube
-from ..services.redaction import redact
+from ..services.redaction import LOG_REDACTOR
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class _Repeats:
     def log(self, level: int, message: str) -> None:
         now = time.monotonic()
         if message != self.last or now - self.at >= REPEAT_ERROR_SECONDS:
-            logger.log(level, "%s", redact(message))
+            logger.log(level, "%s", LOG_REDACTOR.redact(message))
             self.last, self.at = message, now
 
 
@@ -444,7 +444,7 @@ async def release_leadership(memo: kopf.Memo, **_: Any) -> None:
         released = await asyncio.wait_for(elector.release(), timeout=5)
     except Exception as err:  # noqa: BLE001 - a standby still takes over once the Lease lapses
         logger.warning("could not release the Lease %s (%s); a standby takes over once it lapses (%d s)",
-                       elector.lease, redact(f"{type(err).__name__}: {err}"), LEASE_DURATION_SECONDS)
+                       elector.lease, LOG_REDACTOR.redact(f"{type(err).__name__}: {err}"), LEASE_DURATION_SECONDS)
         return
     if released:
         logger.info("released the Lease %s: a standby takes over now", elector.lease)

@@ -59,15 +59,18 @@ class PortSetting:
     flag: str
     port: int
     what: str
+    address: str = "0.0.0.0"
+    """The address its server binds."""
 
 
-def build_port_failures(settings: Iterable[PortSetting], bind_error: Callable[[int], int | None]) -> list[Failure]:
+def build_port_failures(settings: Iterable[PortSetting],
+                        bind_error: Callable[[str, int], int | None]) -> list[Failure]:
     """A failure per port that `bind_error` (errno or None) says cannot be bound; port 0 is off."""
     failures = []
     for setting in settings:
         if not setting.port:
             continue
-        code = bind_error(setting.port)
+        code = bind_error(setting.address, setting.port)
         if code is None:
             continue
         why = "is already in use on this host" if code == errno.EADDRINUSE else \
@@ -78,12 +81,12 @@ def build_port_failures(settings: Iterable[PortSetting], bind_error: Callable[[i
     return failures
 
 
-def bind_error(port: int) -> int | None:
-    """None if `port` can be bound on every address now, as the servers bind it, else the errno."""
-    with socket.socket() as probe:
+def bind_error(address: str, port: int) -> int | None:
+    """None if `port` can be bound on `address` now, as its server binds it, else the errno."""
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server and aiohttp do
         try:
-            probe.bind(("0.0.0.0", port))
+            probe.bind((address, port))
         except OSError as err:
             return err.errno or errno.EADDRINUSE
     return None
@@ -240,7 +243,7 @@ def _ask(api: _Api, settings: PreflightSettings) -> list[Failure]:
     return failures
 
 
-def check(settings: PreflightSettings, bind: Callable[[int], int | None] = bind_error) -> list[Failure]:
+def check(settings: PreflightSettings, bind: Callable[[str, int], int | None] = bind_error) -> list[Failure]:
     """Every cause that keeps the operator from starting (empty: go ahead). With a port failure already
     found, the API server is asked once, never waited for: that cause is said now."""
     ports = build_port_failures(settings.ports, bind)

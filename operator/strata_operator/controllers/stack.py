@@ -21,7 +21,8 @@ import kopf
 from ..api import GROUP, SHUTDOWN_DRAIN_SECONDS, VERSION
 from ..api import status as st
 from ..api.stack import (WATCHED_FLUX_KINDS, StackSpec, local_source_issue, misplaced_file_backend,
-                         not_applicable_fields, operator_ref_issues, parse_stack_spec, unused_sources)
+                         not_applicable_fields, operator_ref_issues, parse_stack_spec, unused_sources,
+                         workspace_template_issues)
 from ..api.status import condition
 from ..api.validation import STALLED_SPEC_INVALID, SpecInvalid
 from ..decisions.planning import (check_prerequisite, drift_check_due, ever_deployed, new_revision_verdict,
@@ -30,15 +31,15 @@ from ..decisions.planning import (check_prerequisite, drift_check_due, ever_depl
 from ..decisions.rollout import parse_waves
 from ..services import metrics
 from ..services.events import HOST, post_event
-from ..services.kube import FLUX_GROUP, FLUX_PLURALS
-from ..services.redaction import redact
+from ..services.kube import FLUX_GROUP, FLUX_PLURALS, NamespaceNotServed
+from ..services.redaction import LOG_REDACTOR
 from ..sources.archive import SourceError
 from ..sources.flux import SourceNotReady
 from ..sources.references import RefError, Resolved, resolve_stack
 from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, stack_key, utc_now, woken
 from .stack_rollout import gate_on_rollout
-from .stack_session import (StackSession, materialise_program, source_revision, stack_state_dir, update_request,
-                            wait_for_reference)
+from .stack_session import (StackSession, confinement_stalled, materialise_program, source_revision, stack_state_dir,
+                            update_request, wait_for_reference)
 from .stack_update import (check_drift, gated_update, outputs_secret_problem, recover_interrupted,
                            run_stack_update, run_watched)
 
@@ -48,6 +49,16 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     if body.get("metadata", {}).get("deletionTimestamp"):
         return None  # the finalizer owns a Stack being deleted: nothing more runs, and no stall of ours hides its own
     session = StackSession(ctx, body, logger)
+    try:
+        return await _reconcile(session, body)
+    except NamespaceNotServed as err:
+        # Nothing runs until someone grants it: looked at again as a missing reference is.
+        await session.stall(st.STALLED_NAMESPACE_NOT_SERVED, str(err), st.EVENT_CONFIG_INVALID)
+        return RETRY_REFS_SECONDS
+
+
+async def _reconcile(session: StackSession, body: Any) -> float | None:
+    ctx = session.ctx
     session.watched.seen = intent(body)
     raw_spec = body.get("spec") or {}
     try:
@@ -55,11 +66,14 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     except SpecInvalid as err:
         await session.stall(err.reason, str(err), st.EVENT_CONFIG_INVALID)
         return None
-    refused = [local_source_issue(spec, ctx.engine.in_workspace_pods)]
+    refused = [local_source_issue(spec, ctx.engine.in_workspace_pods),
+               *workspace_template_issues(spec, ctx.engine.in_workspace_pods, ctx.settings.reserved_placement)]
     if not ctx.settings.allow_operator_refs:
         refused += operator_ref_issues(spec, ctx.engine.in_workspace_pods)
-    if any(refused):
-        await session.stall(STALLED_SPEC_INVALID, "; ".join(str(issue) for issue in refused if issue),
+    issues = [issue for issue in refused if issue]
+    if issues:
+        # Before anything is resolved or run: no workspace pod is made from a forbidden template.
+        await session.stall(SpecInvalid(issues).reason, "; ".join(str(issue) for issue in issues),
                             st.EVENT_CONFIG_INVALID)
         return None
     inapplicable = not_applicable_fields(dict(raw_spec), ctx.engine.in_workspace_pods)
@@ -98,6 +112,8 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
     misplaced = misplaced_file_backend(spec, resolved.env.get("PULUMI_BACKEND_URL", ""), ctx.engine.in_workspace_pods)
     if misplaced is not None:
         await session.stall(STALLED_SPEC_INVALID, str(misplaced), st.EVENT_CONFIG_INVALID)
+        return None
+    if await confinement_stalled(session, resolved.env.get("PULUMI_BACKEND_URL", "")):
         return None
     try:
         waiting = await recover_interrupted(session, spec, resolved)
@@ -190,14 +206,14 @@ async def stack_daemon(namespace: str, name: str, body: kopf.Body, memo: kopf.Me
         while not stopped:
             watched.wakeup.clear()
             try:
-                async with ctx.passes:
+                async with ctx.passes.held(namespace):
                     if stopped:
                         break
                     delay = await reconcile_stack(ctx, body, logger)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - a bug or API outage must not kill the daemon
-                logger.error("reconcile failed: %s", redact(f"{type(err).__name__}: {err}"))
+                logger.error("reconcile failed: %s", LOG_REDACTOR.redact(f"{type(err).__name__}: {err}"))
                 delay = RETRY_REFS_SECONDS
             if delay == 0.0:
                 continue
@@ -248,7 +264,7 @@ async def _destroy_project(session: StackSession, spec: StackSpec, resolved: Res
     """The program to destroy with: the source as it is now, else the last successful update's copy."""
     try:
         _, handle = await source_revision(session, spec, resolved)
-        return await materialise_program(spec, handle, work / "src", resolved)
+        return await materialise_program(session, spec, handle, work / "src", resolved)
     except (SourceError, SpecInvalid) as err:
         project = stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful"
         if not project.is_dir():
@@ -256,7 +272,7 @@ async def _destroy_project(session: StackSession, spec: StackSpec, resolved: Res
                        f"copy of the program; restore the source, or remove the finalizer {session.ctx.settings.shard.finalizer} to "
                        "abandon the stack's resources")
             await session.stall(st.STALLED_DESTROY_BLOCKED, message, st.EVENT_UPDATE_FAILURE)
-            raise kopf.TemporaryError(redact(message), delay=60) from None
+            raise kopf.TemporaryError(session.redactor.redact(message), delay=60) from None
         logger.info("source unavailable; destroying from the last successful update's program")
         return project
 
@@ -298,7 +314,7 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
                     namespace, name, str(err), (session.status.get("lastUpdate") or {}).get("permalink", "")))
             else:
                 await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
-            raise kopf.TemporaryError(redact(str(err)), delay=RETRY_REFS_SECONDS) from None
+            raise kopf.TemporaryError(session.redactor.redact(str(err)), delay=RETRY_REFS_SECONDS) from None
         post_event(body, st.EVENT_UPDATE_DETECTED, decision.message)
         result = await run_watched(session, spec.backend, "the destroy", ctx.engine.destroy(request), HOST, time.time())
         metrics.UPDATE_DURATION.labels("destroy", result.outcome).observe(result.duration)
@@ -312,12 +328,12 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
             # The backend's outage (its Warning Event is out): tried again once it may answer, not backed off.
             message = f"{result.message}; the destroy runs again once it answers"
             await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message))
-            raise kopf.TemporaryError(redact(message), delay=ctx.settings.backend_probe_seconds)
+            raise kopf.TemporaryError(session.redactor.redact(message), delay=ctx.settings.backend_probe_seconds)
         elif not result.ok:
             message = f"destroy failed: {result.message}"
             post_event(body, st.EVENT_UPDATE_FAILURE, message, warning=True)
             await session.write(st.Verdict("reconciling", st.RECONCILING_RETRY, message))
-            raise kopf.TemporaryError(redact(message), delay=min(600, 10 * 3 ** min(retry, 4)))
+            raise kopf.TemporaryError(session.redactor.redact(message), delay=min(600, 10 * 3 ** min(retry, 4)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     await ctx.engine.release(stack_key(namespace, name))

@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from ..api import FILE_BACKEND_ANNOTATION
 from ..api import status as st
 from ..api.program import program_revision
 from ..api.stack import StackSpec
@@ -16,10 +17,10 @@ from ..engine.port import UpdateRequest
 from ..services import metrics
 from ..services.events import post_event
 from ..services.kube import Forbidden
-from ..services.redaction import REDACTOR, redact
+from ..services.redaction import Redactor, redactor_for
 from ..sources.archive import SourceError, safe_extract
 from ..sources.flux import download_artifact, flux_artifact
-from ..sources.git import git_branch_head, git_checkout
+from ..sources.git import HOST_KEY_PIN_FILE, git_branch_head, git_checkout
 from ..sources.project import subdir, write_program_project
 from ..sources.references import RefError, Resolved
 from .context import RETRY_REFS_SECONDS, Context, Watched, stack_key, utc_now
@@ -45,6 +46,16 @@ class StackSession:
 
     def resync_seconds(self, spec: StackSpec) -> int:
         return spec.resync_seconds(self.ctx.settings.min_resync_seconds)
+
+    @property
+    def redactor(self) -> Redactor:
+        """What masks this Stack's status and Events: its namespace's secrets, no other namespace's."""
+        return redactor_for(self.namespace)
+
+    @property
+    def host_key_pin(self) -> Path:
+        """Where the SSH host keys this Stack's git source first showed are pinned (sources.git.HostKeys)."""
+        return stack_state_dir(self.ctx, self.namespace, self.name) / HOST_KEY_PIN_FILE
 
     @property
     def key(self) -> str:
@@ -79,9 +90,10 @@ class StackSession:
             return
         for k, v in changed.items():
             if isinstance(v, str):
-                changed[k] = redact(v)
+                changed[k] = self.redactor.redact(v)
         if "conditions" in changed:
-            changed["conditions"] = [{**c, "message": redact(c["message"])} for c in changed["conditions"]]
+            changed["conditions"] = [{**c, "message": self.redactor.redact(c["message"])}
+                                     for c in changed["conditions"]]
         await self.ctx.kube.patch_stack_status(
             self.namespace, self.name, {k: st.merge_patch(self.status.get(k), v) for k, v in changed.items()})
         self.status.update(changed)
@@ -89,7 +101,7 @@ class StackSession:
 
     async def stall(self, reason: str, message: str, event_reason: str | None = None) -> None:
         before = condition(self.status, st.STALLED)
-        if event_reason and (before is None or before.get("message") != redact(message)):
+        if event_reason and (before is None or before.get("message") != self.redactor.redact(message)):
             post_event(self.body, event_reason, message, warning=True)
         await self.write(st.Verdict("stalled", reason, message))
 
@@ -129,13 +141,17 @@ async def source_revision(session: StackSession, spec: StackSpec, resolved: Reso
     sha, checked = watched.branch_head
     loop = asyncio.get_running_loop()
     if not sha or branch_key != watched.branch_key or loop.time() - checked >= session.resync_seconds(spec):
-        sha = await asyncio.to_thread(git_branch_head, spec.project_repo, spec.branch, resolved.git)
+        sha = await ctx.sources.run(ns, git_branch_head, spec.project_repo, spec.branch, resolved.git,
+                                    session.host_key_pin)
         watched.branch_head, watched.branch_key = (sha, loop.time()), branch_key
     return sha, sha
 
 
-async def materialise_program(spec: StackSpec, handle: Any, dest: Path, resolved: Resolved) -> Path:
-    """Write the program at the planned revision into `dest`; returns the project directory."""
+async def materialise_program(session: StackSession, spec: StackSpec, handle: Any, dest: Path,
+                              resolved: Resolved) -> Path:
+    """Write the program at the planned revision into `dest` (fetched on the source threads, held to the
+    operator's source size cap); returns the project directory."""
+    sources, namespace = session.ctx.sources, session.namespace
     if spec.source_kind == "local":
         dest.mkdir(parents=True, exist_ok=True)  # nothing to write: the program is in the workspace pod
         return dest
@@ -143,17 +159,45 @@ async def materialise_program(spec: StackSpec, handle: Any, dest: Path, resolved
         write_program_project(handle, dest)
         return dest
     if spec.source_kind == "flux" and spec.flux_source is not None:
-        archive = dest.with_suffix(".tar.gz")
-        await asyncio.to_thread(download_artifact, handle, archive)
-        await asyncio.to_thread(safe_extract, archive, dest)
-        archive.unlink()
+        archive, cap = dest.with_name(dest.name + ".artifact"), sources.cap("spec.fluxSource.sourceRef")
+        try:
+            await sources.run(namespace, download_artifact, handle, archive, cap)
+            await sources.run(namespace, safe_extract, archive, dest, cap)
+        finally:
+            archive.unlink(missing_ok=True)
         return subdir(dest, spec.flux_source.dir, "spec.fluxSource.dir")
-    await asyncio.to_thread(git_checkout, spec.project_repo, handle, dest, resolved.git)
+    await sources.run(namespace, git_checkout, spec.project_repo, handle, dest, resolved.git, session.host_key_pin,
+                      cap=sources.cap("spec.projectRepo"))
     return subdir(dest, spec.repo_dir, "spec.repoDir")
 
 
 def stack_state_dir(ctx: Context, namespace: str, name: str) -> Path:
     return ctx.settings.engine.state_dir / "stacks" / namespace / name
+
+
+def run_directory(session: StackSession, run_name: str) -> Path:
+    """The directory of the Stack's run `run_name` (status.currentUpdate.name): its source, its plan."""
+    return stack_state_dir(session.ctx, session.namespace, session.name) / "runs" / run_name
+
+
+async def file_backend_root(ctx: Context, namespace: str, backend_url: str) -> str:
+    """The directory the platform gave the namespace for file:// state (its FILE_BACKEND_ANNOTATION), which
+    the process executor's sandbox binds: "" when the backend is not file://, or runs in a workspace pod."""
+    if ctx.engine.in_workspace_pods or not backend_url.startswith("file://"):
+        return ""
+    return (await ctx.kube.namespace_annotations(namespace)).get(FILE_BACKEND_ANNOTATION, "")
+
+
+async def confinement_stalled(session: StackSession, backend_url: str) -> bool:
+    """Stall the Stack, before anything is fetched or run, when its program could not be kept apart from the
+    operator's files and other namespaces' under this executor (engine.confinement); True if stalled."""
+    ctx = session.ctx
+    root = await file_backend_root(ctx, session.namespace, backend_url)
+    issue = ctx.engine.confinement(session.namespace, backend_url, root)
+    if issue is None:
+        return False
+    await session.stall(*issue, st.EVENT_CONFIG_INVALID)
+    return True
 
 
 async def update_request(ctx: Context, spec: StackSpec, namespace: str, name: str, project: Path, resolved: Resolved,
@@ -166,7 +210,7 @@ async def update_request(ctx: Context, spec: StackSpec, namespace: str, name: st
             raise RefError(f"spec.serviceAccountName: ServiceAccount {spec.service_account_name!r} not found in "
                            f"namespace {namespace!r}")
         kubeconfig, token = minted
-        REDACTOR.add(token)
+        redactor_for(namespace).add(token)
         path = run_dir / "kubeconfig"
         path.write_text(kubeconfig)
         path.chmod(0o600)
@@ -181,7 +225,8 @@ async def update_request(ctx: Context, spec: StackSpec, namespace: str, name: st
         service_account=spec.service_account_name, workspace_template=spec.workspace_template or {},
         reclaim_workspace=spec.workspace_reclaim_policy == "Delete", mounted=resolved.mounted.to_json(),
         local_dir=spec.local_dir if spec.source_kind == "local" else "",
-        source_root=str(_source_root(project, run_dir)))
+        source_root=str(_source_root(project, run_dir)),
+        file_backend_root=await file_backend_root(ctx, namespace, env.get("PULUMI_BACKEND_URL", "")))
 
 
 def _source_root(project: Path, run_dir: Path) -> Path:

@@ -28,18 +28,20 @@ from ..decisions.outputs import (outputs_secret_conflict, outputs_secret_data, o
                                  secret_needs_write)
 from ..decisions.planning import Plan, drift_check_due, drift_status, missing_service_account, plan_stack, soonest
 from ..decisions.rollout import parse_waves
+from ..engine.pod.executor import packed_source
 from ..engine.port import RUNS_AGAIN, UpdateRequest, UpdateResult, register_secret_outputs
 from ..services import metrics
-from ..services.backend_probe import backend_address, unreachable
+from ..services.backend_probe import ProbeScope, backend_address, unreachable
 from ..services.events import HOST, post_event
-from ..services.redaction import redact
+from ..services.redaction import LOG_REDACTOR, Redactor
 from ..sources.archive import SourceError
 from ..sources.project import project_info
 from ..sources.references import RefError, Resolved
 from .context import utc_now
 from .leadership import discover_namespace
 from .stack_rollout import rollout_stacks, write_rollout_progress
-from .stack_session import StackSession, materialise_program, stack_state_dir, update_request, wait_for_reference
+from .stack_session import (StackSession, materialise_program, run_directory, stack_state_dir, update_request,
+                            wait_for_reference)
 
 
 def _is_prerequisite(session: StackSession) -> bool:
@@ -49,12 +51,13 @@ def _is_prerequisite(session: StackSession) -> bool:
                if ns == session.namespace and name != session.name)
 
 
-def _api_problem(secret_name: str, verb: str, err: ApiException) -> str:
+def _api_problem(redactor: Redactor, secret_name: str, verb: str, err: ApiException) -> str:
     if err.status == 403:
         return (f"spec.outputsSecret.name: the operator may not {verb} Secret {secret_name!r} (HTTP 403): grant it "
                 "get, create and update on secrets (rbac/clusterrole.yaml)")
     # Only the status line, never the response body (which may quote what was sent), and redacted anyway.
-    return redact(f"spec.outputsSecret.name: {verb} Secret {secret_name!r} failed: HTTP {err.status} {err.reason}")
+    return redactor.redact(f"spec.outputsSecret.name: {verb} Secret {secret_name!r} failed: HTTP {err.status} "
+                           f"{err.reason}")
 
 
 async def outputs_secret_problem(session: StackSession, secret_name: str) -> str | None:
@@ -62,7 +65,7 @@ async def outputs_secret_problem(session: StackSession, secret_name: str) -> str
     try:
         existing = await session.ctx.kube.get_secret(session.namespace, secret_name)
     except ApiException as err:
-        return _api_problem(secret_name, "read", err)
+        return _api_problem(session.redactor, secret_name, "read", err)
     return outputs_secret_conflict(existing, session.name, session.meta.get("uid", ""), secret_name)
 
 
@@ -71,7 +74,7 @@ async def _write_outputs_secret(session: StackSession, secret_name: str, result:
     Nothing here puts a value into a message: API errors are reduced to their status and reason."""
     if result.real_outputs is None:
         return f"spec.outputsSecret: the update succeeded but {result.outputs_error or 'its outputs were not read'}"
-    register_secret_outputs(result.outputs, result.real_outputs)
+    register_secret_outputs(result, session.redactor)
     kube, uid = session.ctx.kube, session.meta.get("uid", "")
     data, skipped = outputs_secret_data(result.real_outputs)
     verb = "read"
@@ -89,7 +92,7 @@ async def _write_outputs_secret(session: StackSession, secret_name: str, result:
             else:
                 await kube.replace_secret(session.namespace, secret_name, wanted)
     except ApiException as err:
-        return _api_problem(secret_name, verb, err)
+        return _api_problem(session.redactor, secret_name, verb, err)
     if skipped:
         post_event(session.body, st.EVENT_OUTPUT_FAILURE,
                    f"outputs {', '.join(repr(n) for n in skipped)} are not valid Secret keys (letters, digits, "
@@ -105,12 +108,13 @@ async def check_drift(session: StackSession, spec: StackSpec, resolved: Resolved
     work = stack_state_dir(ctx, session.namespace, session.name) / "runs" / f"drift-{uuid.uuid4().hex[:8]}"
     work.mkdir(parents=True, exist_ok=True)
     try:
-        project = await materialise_program(spec, handle, work / "src", resolved)
+        project = await materialise_program(session, spec, handle, work / "src", resolved)
         request = await update_request(ctx, spec, session.namespace, session.name, project, resolved, work,
                                        "drift check")
         result = await ctx.engine.refresh(dataclasses.replace(request, preview_only=True))
     except (SourceError, SpecInvalid, RefError) as err:
-        result = UpdateResult("failed", str(err))
+        # Shown as status.drift.error, a nested field write() leaves as it is given.
+        result = UpdateResult("failed", session.redactor.redact(str(err)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     metrics.DRIFT_CHECKS.labels(result.outcome).inc()
@@ -246,11 +250,11 @@ async def run_stack_update(session: StackSession, spec: StackSpec, resolved: Res
                        started=utc_now(), host=HOST, prerequisite_digests=tuple(sorted(session.consumed.items())),
                        flux_request=session.requests.flux)
     stack_dir = stack_state_dir(ctx, session.namespace, session.name)
-    run_dir = stack_dir / "runs" / run.name
+    run_dir = run_directory(session, run.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         try:
-            project = await materialise_program(spec, handle, run_dir / "src", resolved)
+            project = await materialise_program(session, spec, handle, run_dir / "src", resolved)
         except (SourceError, SpecInvalid) as err:
             await session.stall(st.STALLED_SOURCE_UNAVAILABLE, str(err))
             return float(session.resync_seconds(spec)) if spec.project_repo or spec.polled else None
@@ -362,11 +366,11 @@ async def run_watched(session: StackSession, backend: str, what: str, operation:
         result = await operation
         if result.ok or result.outcome == "conflict" or watch is None:
             return result
-        problem = await unreachable(watch.address)
+        problem = await unreachable(watch.address, watch.scope)
         if not problem and not watch.seen_down:
             return result
         session.ctx.engine.lost_run(session.key, host, started_at)
-        session.logger.info("%s failed while its backend was away: %s", what, redact(result.message))
+        session.logger.info("%s failed while its backend was away: %s", what, LOG_REDACTOR.redact(result.message))
         if problem:
             message = f"{not_answering(watch.where, problem)}: {what} stopped"
             if not watch.down:
@@ -390,7 +394,7 @@ async def backend_still_away(session: StackSession, backend: str, probe: bool = 
     where = address_name(address)
     if not probe and session.watched.backend_down != where:
         return None
-    problem = await unreachable(address)
+    problem = await unreachable(address, probe_scope(session))
     if not problem:
         return None  # the next run's watch, or the recovery, says it is back
     message = f"{not_answering(where, problem)}: {then} once it answers"
@@ -399,6 +403,13 @@ async def backend_still_away(session: StackSession, backend: str, probe: bool = 
         session.watched.backend_down = where
     await session.write(st.Verdict("reconciling", st.RECONCILING_BACKEND_UNREACHABLE, message))
     return session.ctx.settings.backend_probe_seconds
+
+
+def probe_scope(session: StackSession) -> ProbeScope:
+    """What the backend probe may do for this Stack (services/backend_probe.py): a team's is limited."""
+    ctx = session.ctx
+    return ProbeScope(platform=session.namespace == ctx.settings.own_namespace,
+                      shares_loopback=not ctx.engine.in_workspace_pods)
 
 
 def address_name(address: tuple[str, int]) -> str:
@@ -426,7 +437,7 @@ async def backend_watched(session: StackSession, backend: str, what: str):
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-        if watch.down and not await unreachable(address):
+        if watch.down and not await unreachable(address, watch.scope):
             # The run ended before the next probe saw the backend back: the pair of Events still closes.
             watch.reachable()
         # Still away: the Stack's next run says when it is back.
@@ -439,13 +450,13 @@ class BackendWatch:
 
     def __init__(self, session: StackSession, address: tuple[str, int], what: str):
         self.session, self.what, self.address = session, what, address
-        self.where, self.seen_down = address_name(address), False
+        self.where, self.seen_down, self.scope = address_name(address), False, probe_scope(session)
         self.down = session.watched.backend_down == self.where
 
     async def run(self, every: float) -> None:
         while True:
             await asyncio.sleep(every)
-            problem = await unreachable(self.address)
+            problem = await unreachable(self.address, self.scope)
             if bool(problem) == self.down:
                 continue
             if problem:
@@ -458,7 +469,8 @@ class BackendWatch:
             try:
                 await self.session.write(verdict)
             except Exception as err:  # noqa: BLE001 - the status is a courtesy here; the Event went out, the run goes on
-                self.session.logger.warning("cannot write the backend's state to the status: %s", redact(str(err)))
+                self.session.logger.warning("cannot write the backend's state to the status: %s",
+                                            LOG_REDACTOR.redact(str(err)))
 
     def went_away(self, message: str) -> None:
         self.down = self.seen_down = True
@@ -532,6 +544,20 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
     waiting = await backend_still_away(session, spec.backend, probe=True, then=then)
     if waiting is not None:
         return waiting
+    # What the run left in its directory (its source; under the pod executor, the tarball it was packing or
+    # uploading, which says so) goes once the run is settled (its currentUpdate cleared): no run uses it.
+    run_dir = run_directory(session, run.name)
+    try:
+        await _settle_interrupted(session, spec, resolved, run, packed_source(run_dir / "src").exists())
+    finally:
+        if session.status.get("currentUpdate") is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return None
+
+
+async def _settle_interrupted(session: StackSession, spec: StackSpec, resolved: Resolved, run: st.RunRecord,
+                              packing: bool) -> None:
+    """Clear what the interrupted `run` left in the backend and record how it ended (`recover_interrupted`)."""
     # Whether the run failed with its backend's outage (this process saw it, or the one before said the
     # outage), which counts no failure; and the end of an outage the Stack said, not yet said to be over.
     lost_here = session.watched.outage_run == run.name
@@ -557,13 +583,13 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
         await session.write(currentUpdate=None, **answered, **await _succeeded_fields(session, spec, run, result))
         if run.flux_request:  # this pass plans on next, as the status now stands
             session.requests = dataclasses.replace(session.requests, flux_handled=run.flux_request)
-        return None
+        return
     if outage and result.ok:
         session.logger.info("the %s %s of %s/%s did not finish before its backend went away: it runs again",
                             run.kind, run.name, session.namespace, session.name)
         await session.write(currentUpdate=None)
-        return None
-    killed = None if outage else await _operator_oom_killed(session, run)
+        return
+    killed = None if outage else await _operator_oom_killed(session, run, packing)
     if killed is not None:
         # Not run again at once: it would most likely kill the operator again. A failure, with backoff, and
         # Stalled after --stall-after-failures: the operator does not crash-loop on one Stack's update.
@@ -574,17 +600,18 @@ async def recover_interrupted(session: StackSession, spec: StackSpec, resolved: 
     post_event(session.body, st.EVENT_UPDATE_FAILURE, message, warning=True)
     last = st.failed_update(session.status.get("lastUpdate"), run, reason, message, "", utc_now())
     await session.write(lastUpdate=last, currentUpdate=None)
-    return None
 
 
-async def _operator_oom_killed(session: StackSession, run: st.RunRecord) -> str | None:
-    """In-cluster under the process executor, how the kernel killed the container of the operator pod that
-    ran `run` (its host) for out of memory, as that pod reports it, if it did so after the run started; None
-    otherwise (a pod gone or unreadable, another cause)."""
+async def _operator_oom_killed(session: StackSession, run: st.RunRecord, packing: bool) -> str | None:
+    """In-cluster, how the kernel killed the container of the operator pod that ran `run` (its host) for out
+    of memory, as that pod reports it, if it did so after the run started; None otherwise (on a host, a pod
+    gone or unreadable, another cause). Under the process executor the run's update shared that container;
+    under the pod executor the operator only prepared it there (fetched, packed and uploaded its source):
+    `packing`, the operator was packing or uploading this Stack's source as it died."""
     settings = session.ctx.settings
     memory = settings.engine.container_memory
-    if memory is None or settings.workspace is not None or not run.host:
-        return None  # on a host, or updates run in workspace pods: none shared the operator's memory
+    if memory is None or not run.host:
+        return None  # on a host: the machine's memory, no container's limit
     namespace, _ = discover_namespace(settings.kubeconfig)
     try:
         pod = await session.ctx.kube.get_pod(namespace, run.host)
@@ -592,7 +619,14 @@ async def _operator_oom_killed(session: StackSession, run: st.RunRecord) -> str 
         session.logger.warning("reading the operator pod %s/%s that ran %s: %s", namespace, run.host, run.name,
                                err.reason)
         return None
-    return memory.killed_whole(pod, run.started) if pod else None
+    if pod is None:
+        return None
+    if settings.workspace is None:
+        return memory.killed_whole(pod, run.started)
+    if packing:
+        return memory.killed_whole(pod, run.started, "while it packed this Stack's source for its workspace pod")
+    return memory.killed_whole(pod, run.started, "during this update (run in its workspace pod: the operator "
+                                                 "was not packing this Stack's source)")
 
 
 def outage_said_before(session: StackSession, backend: str) -> str:

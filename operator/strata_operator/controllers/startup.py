@@ -16,8 +16,10 @@ from ..engine.pod.executor import PodEngine
 from ..engine.port import Engine, EngineUnavailable
 from ..engine.process.executor import AutomationEngine
 from ..services import events, metrics
+from ..services.fair_slots import FairSlots
 from ..services.kube import Kube
 from ..services.redaction import install_log_redaction
+from ..sources.work import SourceWork
 from .context import Context, OperatorSettings, passes_in_flight
 
 
@@ -53,31 +55,40 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
         settings.scanning.disabled = True
     install_log_redaction()
     kube = Kube.from_environment(options.kubeconfig)
-    engine: Engine = (PodEngine(options.engine, options.workspace, kube) if options.workspace is not None
+    sources = SourceWork(options.max_source_bytes)
+    engine: Engine = (PodEngine(options.engine, options.workspace, kube, sources) if options.workspace is not None
                       else AutomationEngine(options.engine))
     try:
         options.engine.state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise kopf.PermanentError(f"the state directory {options.engine.state_dir} (--state-dir) cannot be made "
                                   f"({err.strerror}); fix: give --state-dir a directory this user may write")
-    if options.metrics_port:  # before anything is forked: a port taken since the preflight fails here
+    serving = options.metrics
+    if serving.port:  # before anything is forked: a port taken since the preflight fails here
+        access = metrics.ReviewedAccess(kube.review) if serving.auth == "kubernetes" else None
         try:
-            metrics.serve(options.metrics_port)
+            metrics.serve(serving.port, serving.address, access)
         except OSError as err:
-            raise kopf.PermanentError(f"the metrics port {options.metrics_port} (--metrics-port) cannot be bound "
-                                      f"({err.strerror}); fix: give --metrics-port a free port (0 turns it off)")
+            raise kopf.PermanentError(f"the metrics port {serving.port} (--metrics-port) cannot be bound on "
+                                      f"{serving.address} ({err.strerror}); fix: give --metrics-port a free port "
+                                      "(0 turns it off)")
+        host = f"[{serving.address}]" if ":" in serving.address else serving.address
+        logger.info("metrics at http://%s:%d%s%s", host, serving.port, metrics.METRICS_PATH,
+                    ", to clients whose token may get it (TokenReview, SubjectAccessReview)" if access else "")
     try:
         await engine.start()  # so the first update does not wait for it
     except EngineUnavailable as err:
         logger.warning("%s; the first update will try again", err)
     # Last: the engine probe and leader election read its presence as "configured".
     memo.ctx = Context(kube=kube, engine=engine, settings=options,
-                       passes=asyncio.Semaphore(passes_in_flight(options.engine.concurrency)))
+                       passes=FairSlots(passes_in_flight(options.engine.concurrency)), sources=sources)
     if options.flux_events_address:
         events.start_flux_events(options.flux_events_address)
         logger.info("Stack Events also go to Flux's notification-controller at %s", options.flux_events_address)
-    executor = (f"pod executor (a workspace pod per Stack, image {options.workspace.image})"
-                if options.workspace is not None else "process executor")
+    if isinstance(engine, AutomationEngine):
+        executor = f"process executor ({await asyncio.to_thread(engine.isolation_summary)})"
+    else:
+        executor = f"pod executor (a workspace pod per Stack, image {options.workspace.image})"
     logger.info("strata operator started: %s, concurrency %d, state in %s; owns %s", executor,
                 options.engine.concurrency, options.engine.state_dir, options.shard.describe())
 

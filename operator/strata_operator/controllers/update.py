@@ -32,7 +32,7 @@ from ..api.update import (UpdateSpec, aborted, finished, outputs_secret, parse_u
 from ..api.validation import SpecInvalid
 from ..api.workspace import WorkspaceSpec, parse_workspace, workspace_ready
 from ..engine.port import UpdateRequest, UpdateResult
-from ..services.redaction import REDACTOR, redact
+from ..services.redaction import LOG_REDACTOR, redactor_for
 from ..sources.project import project_info
 from ..sources.references import RefError
 from ..sources.workspace_program import resolve_env, stack_config
@@ -95,7 +95,7 @@ def _logged(coroutine: Any, key: tuple[str, str]) -> asyncio.Task:
     def report(task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             err = task.exception()
-            LOG.error("[%s/%s] update failed: %s", *key, redact(f"{err.__class__.__name__}: {err}"))
+            LOG.error("[%s/%s] update failed: %s", *key, LOG_REDACTOR.redact(f"{err.__class__.__name__}: {err}"))
     task = asyncio.create_task(coroutine)
     task.add_done_callback(report)
     return task
@@ -156,7 +156,7 @@ async def run_update(ctx: Any, state: AutoState, body: Any) -> None:
         spec = parse_update(body.get("spec"))
     except SpecInvalid as err:
         auto_event(body, "UpdateFailed", str(err), warning=True)
-        await _finish(ctx, state, body, {"observedGeneration": generation, "message": redact(str(err)),
+        await _finish(ctx, state, body, {"observedGeneration": generation, "message": str(err),
                                          "conditions": set_conditions(status.get("conditions"), aborted("SpecInvalid"),
                                                                       generation, utc_now())})
         return
@@ -228,7 +228,7 @@ async def _run_engine(ctx: Any, spec: UpdateSpec, workspace: dict[str, Any], nam
             request = await _process_request(ctx, spec, ws, namespace, program, run_dir, options)
     except (SpecInvalid, RefError, ApiException) as err:
         text = f"HTTP {err.status} {err.reason}" if isinstance(err, ApiException) else str(err)
-        return UpdateResult("failed", redact(text)), None
+        return UpdateResult("failed", text), None  # masked where it is shown, as every status message
     operation = {"preview": ctx.engine.preview, "up": ctx.engine.up, "refresh": ctx.engine.refresh,
                  "destroy": ctx.engine.destroy}[spec.type]
     return await operation(request), request
@@ -240,13 +240,13 @@ async def _process_request(ctx: Any, spec: UpdateSpec, ws: WorkspaceSpec, namesp
     mints a kubeconfig for its ServiceAccount (the forked worker has no pod identity)."""
     env = await resolve_env(ws, namespace, ctx.kube.secret_data, ctx.kube.configmap_data)
     stack = ws.stack(spec.stack_name)
-    config, secret_config = stack_config(stack, env.env)
+    config, secret_config = stack_config(stack, env.env, namespace)
     values = dict(env.env)
     minted = await ctx.kube.service_account_kubeconfig(namespace, ws.service_account_name)
     if minted is None:
         raise RefError(f"spec.serviceAccountName of Workspace {spec.workspace_name!r}: ServiceAccount "
                        f"{ws.service_account_name!r} not found in namespace {namespace!r}")
-    REDACTOR.add(minted[1])
+    redactor_for(namespace).add(minted[1])
     run_dir.mkdir(parents=True, exist_ok=True)
     kubeconfig = run_dir / "kubeconfig"
     kubeconfig.write_text(minted[0])

@@ -25,8 +25,10 @@ from ..api.status import WORKSPACE_FAILED, condition
 from ..api.validation import SpecInvalid, SpecIssue
 from ..api.workspace import (LocalSource, WorkspaceSpec, literal_env, misplaced_backend, not_applicable,
                              parse_workspace, workspace_ready)
-from ..services.redaction import redact
+from ..api.workspace_template import template_issues
+from ..services.redaction import LOG_REDACTOR, redactor_for
 from ..sources.archive import SourceError
+from ..sources.git import HOST_KEY_PIN_FILE
 from ..sources.references import RefError
 from ..sources.workspace_program import git_credentials, materialise, resolve_env, stack_config
 from .auto_state import (MARKER, RETRY_SECONDS, AutoState, ObjectLoop, Program, auto_event, materialised_program,
@@ -53,6 +55,7 @@ async def reconcile_workspace(ctx: Any, state: AutoState, body: Any, logger: Any
     namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 0)
     key = (namespace, name)
     status = dict(body.get("status") or {})
+    redact = redactor_for(namespace).redact  # as patch_auto_status writes the status, to compare with it
 
     async def write(ready: tuple[str, str, str], stalled: tuple[str, str, str] | None = None, **fields: Any) -> None:
         conditions = set_conditions(status.get("conditions"), [(READY, *ready)], generation, utc_now())
@@ -77,10 +80,14 @@ async def reconcile_workspace(ctx: Any, state: AutoState, body: Any, logger: Any
         auto_event(body, "NotApplicable", f"accepted but not applicable ({why}): {', '.join(ignored)}", warning=True)
     try:
         spec = parse_workspace(raw)
+        # Before anything is fetched or run: no workspace pod is made from a forbidden template.
+        forbidden = template_issues(raw, "spec", ctx.settings.reserved_placement) if in_pods else []
+        if forbidden:
+            raise SpecInvalid(forbidden)
     except SpecInvalid as err:
         if (condition(status, STALLED) or {}).get("message") != redact(str(err)):
             auto_event(body, "StackInitializationFailure", str(err), warning=True)
-        await write(("False", "SpecInvalid", str(err)), ("True", "SpecInvalid", str(err)), ignoredFields=ignored or None)
+        await write(("False", err.reason, str(err)), ("True", err.reason, str(err)), ignoredFields=ignored or None)
         return None
     program = materialised_program(ctx, body)
     if program is not None and workspace_ready(body):
@@ -104,7 +111,7 @@ async def reconcile_workspace(ctx: Any, state: AutoState, body: Any, logger: Any
     invalid = [problem] if problem else []
     for stack in spec.stacks if not in_pods else ():  # the pod's agent resolves them, from its environment
         try:
-            stack_config(stack, env)
+            stack_config(stack, env, namespace)
         except RefError as err:
             invalid.append(SpecIssue(str(err).split(":")[0], str(err).split(": ", 1)[-1],
                                      "set that variable in spec.env or spec.envFrom"))
@@ -155,8 +162,9 @@ async def _fetch_program(ctx: Any, state: AutoState, spec: WorkspaceSpec, namesp
         dest.mkdir(parents=True, exist_ok=True)
     else:
         try:
-            project, revision = await asyncio.to_thread(materialise, spec, dest / "src", creds,
-                                                        ctx.settings.allow_operator_refs)
+            project, revision = await ctx.sources.run(namespace, materialise, spec, dest / "src", creds,
+                                                      root / HOST_KEY_PIN_FILE, ctx.settings.allow_operator_refs,
+                                                      ctx.sources.max_bytes)
         except SourceError:
             shutil.rmtree(dest, ignore_errors=True)
             raise
@@ -205,7 +213,7 @@ async def workspace_event(type: str | None, body: kopf.Body, namespace: str, nam
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # noqa: BLE001 - a bug or API outage must not stop the Workspace's passes
-                logger.error("workspace pass failed: %s", redact(f"{err.__class__.__name__}: {err}"))
+                logger.error("workspace pass failed: %s", LOG_REDACTOR.redact(f"{err.__class__.__name__}: {err}"))
                 return 30.0
 
         loop = state.workspaces[key] = ObjectLoop(run)

@@ -16,11 +16,12 @@ from typing import Any, Literal
 
 from ..api import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
 from ..api.stack import MIN_RESYNC_SECONDS, Prerequisite, StackSpec
-from ..api.status import (FAILED, PULUMI_VERSION_TOO_LOW, READY, RECONCILING_PREREQUISITE, RECONCILING_PREVIEW_FAILED,
-                          RECONCILING_PROCESSING, RECONCILING_RETRY, SERVICE_ACCOUNT_REQUIRED, STALLED_CONFLICT,
-                          STALLED_UPDATE_FAILED, SUCCEEDED, SUSPENDED, UPDATE_BLOCKED, UPDATE_INTERRUPTED,
-                          WORKSPACE_FAILED, Verdict, condition, has_changes, parse_time)
-from ..api.validation import parse_duration
+from ..api.status import (EXECUTOR_CANNOT_ISOLATE, FAILED, PULUMI_VERSION_TOO_LOW, READY, RECONCILING_PREREQUISITE,
+                          RECONCILING_PREVIEW_FAILED, RECONCILING_PROCESSING, RECONCILING_RETRY,
+                          SERVICE_ACCOUNT_REQUIRED, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, SUSPENDED,
+                          UPDATE_BLOCKED, UPDATE_INTERRUPTED, WORKSPACE_FAILED, Verdict, condition, has_changes,
+                          parse_time)
+from ..api.validation import STALLED_SPEC_INVALID, parse_duration
 from .approval import PLAN_REFUSED
 from .backoff import cooldown_seconds
 from .outputs import combine_digests
@@ -109,7 +110,8 @@ def plan_stack(spec: StackSpec, generation: int, requests: Requests, last: dict[
         if last.get("reason") == PLAN_REFUSED:
             # Nothing was applied, and only a new approval can apply anything: no backoff to wait out.
             return Plan(kind, "The engine refused the approved plan: previewing a new one")
-        if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW, SERVICE_ACCOUNT_REQUIRED):
+        if last.get("reason") in (UPDATE_BLOCKED, PULUMI_VERSION_TOO_LOW, SERVICE_ACCOUNT_REQUIRED,
+                                  EXECUTOR_CANNOT_ISOLATE, STALLED_SPEC_INVALID):
             stalled_reason = STALLED_UPDATE_FAILED if last.get("reason") == UPDATE_BLOCKED else last["reason"]
             return Plan(None, "", Verdict("stalled", stalled_reason,
                                           f"{message}. Retrying cannot fix this: once fixed, change the spec or "

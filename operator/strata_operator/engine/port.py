@@ -1,6 +1,6 @@
 """The engine port: the one interface between the operator and Pulumi (`Engine`), the request and result
 of one operation, and what both executors share (`SerializedEngine`: one operation per Stack at a
-time, at most `concurrency` at once).
+time, at most `concurrency` at once, the slots shared fairly between namespaces).
 
 Controllers call only this. The executors are process/ (a forked worker per operation on the
 operator's host) and pod/ (a workspace pod per Stack, whose agent runs the process executor inside).
@@ -16,7 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal, Protocol
 
-from ..services.redaction import REDACTOR, redact
+from ..services.fair_slots import FairSlots
+from ..services.redaction import Redactor, redactor_for
 
 Operation = Literal["preview", "up", "refresh", "destroy", "outputs", "remove", "recover"]
 # "blocked": failed in a way that retrying cannot fix (a plugin missing everywhere, a backend directory
@@ -76,6 +77,9 @@ class UpdateRequest:
     # A PKO v2 Workspace stack's config items (api.workspace_values.ConfigItem.to_json()), resolved by the
     # workspace pod's agent: their valueFrom.env is the pod's own environment, which the operator never reads.
     env_config: tuple[Mapping[str, Any], ...] = ()
+    # The process executor's: the directory the platform gave the Stack's namespace for file:// state (the
+    # namespace's FILE_BACKEND_ANNOTATION), bound into its sandbox; "" when it has none.
+    file_backend_root: str = ""
 
     def to_json(self, operation: Operation) -> str:
         body = dataclasses.asdict(self)
@@ -104,7 +108,7 @@ class UpdateResult:
     duration: float = 0.0
     reason: str = ""  # a failure's PKO reason when more specific than the outcome's (WorkspaceFailed)
     # up with real_outputs: every output's real value, secret ones included. Never in repr, and each secret
-    # one is registered with the REDACTOR as soon as it arrives.
+    # one is registered with the Stack's namespace's redactor as soon as the engine returns it.
     real_outputs: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
     outputs_error: str = ""  # why real_outputs could not be read
     output_digests: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -133,19 +137,25 @@ class UpdateResult:
     def from_json(cls, text: str, duration: float) -> "UpdateResult":
         body = json.loads(text)
         outputs = {k: (v["value"], bool(v["secret"])) for k, v in body.get("outputs", {}).items()}
-        real = body.get("real_outputs")
-        register_secret_outputs(outputs, real)
-        return cls(body["outcome"], redact(body.get("message", "")), outputs, body.get("permalink", ""),
-                   body.get("summary", {}), duration, body.get("reason", ""), real,
-                   redact(body.get("outputs_error", "")), dict(body.get("output_digests") or {}),
+        return cls(body["outcome"], body.get("message", ""), outputs, body.get("permalink", ""),
+                   body.get("summary", {}), duration, body.get("reason", ""), body.get("real_outputs"),
+                   body.get("outputs_error", ""), dict(body.get("output_digests") or {}),
                    body.get("outputs_digest", ""), bool(body.get("finished")), bool(body.get("lock_left")))
 
 
-def register_secret_outputs(outputs: dict[str, tuple[Any, bool]], real: dict[str, Any] | None) -> None:
-    """Add the real values of the secret outputs to the REDACTOR (idempotent)."""
-    for name, (_, secret) in outputs.items():
-        if secret and real is not None and name in real:
-            REDACTOR.add(*_secret_strings(real[name]))
+def register_secret_outputs(result: UpdateResult, redactor: Redactor) -> None:
+    """Add the real values of the result's secret outputs to `redactor` (idempotent)."""
+    for name, (_, secret) in result.outputs.items():
+        if secret and result.real_outputs is not None and name in result.real_outputs:
+            redactor.add(*_secret_strings(result.real_outputs[name]))
+
+
+def masked(result: UpdateResult, redactor: Redactor) -> UpdateResult:
+    """The result as the Stack may show it: its secret outputs' real values registered with `redactor`
+    (the Stack's namespace's), then its messages masked with it."""
+    register_secret_outputs(result, redactor)
+    return dataclasses.replace(result, message=redactor.redact(result.message),
+                               outputs_error=redactor.redact(result.outputs_error))
 
 
 def _secret_strings(value: Any) -> list[str]:
@@ -197,6 +207,10 @@ class Engine(Protocol):
 
     def busy(self, stack_key: str) -> bool: ...
 
+    def confinement(self, namespace: str, backend_url: str, file_backend_root: str) -> tuple[str, str] | None:
+        """(Stalled reason, message) when a Stack of `namespace` with this backend may not run under this
+        executor, because its program could not be kept from the operator's and other namespaces' files."""
+
 
 class EngineUnavailable(RuntimeError):
     """The engine cannot run at all (no CLI); the message names the fix."""
@@ -205,12 +219,17 @@ class EngineUnavailable(RuntimeError):
 class SerializedEngine:
     """What every executor shares: one operation per Stack at a time, at most `concurrency` at once, each
     `Engine` operation one `run` of its name (the executor's `_run_locked`), and a lost run's lock cleared
-    before the Stack's next operation."""
+    before the Stack's next operation.
+
+    A run holds its slot for all of `_run_locked`: a forked worker's whole run, or a workspace pod's start,
+    the source's upload and the run in it. The slots go to namespaces fairly (services/fair_slots.py):
+    while another namespace's operations wait, each slot freed goes to the namespace holding fewest, so
+    one team's many slow Stacks hold at most their share of them; a namespace alone may use them all."""
 
     in_workspace_pods = False
 
     def __init__(self, concurrency: int):
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = FairSlots(concurrency)
         self._locks: dict[str, asyncio.Lock] = {}
         # Stacks whose last run may have left its lock in the backend: (the host it took it on, its start).
         self._lost_runs: dict[str, tuple[str, float]] = {}
@@ -218,6 +237,10 @@ class SerializedEngine:
     def busy(self, stack_key: str) -> bool:
         lock = self._locks.get(stack_key)
         return lock is not None and lock.locked()
+
+    def confinement(self, namespace: str, backend_url: str, file_backend_root: str) -> tuple[str, str] | None:
+        """Nothing to refuse: a workspace pod is its Stack's own sandbox."""
+        return None
 
     async def release(self, stack_key: str) -> None:
         """Nothing outlives the Stack here."""
@@ -239,9 +262,15 @@ class SerializedEngine:
         return run_host
 
     async def run(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
-        REDACTOR.add(*request.secret_config.values())
+        """The operation in its turn, its result masked with the Stack's namespace's secrets (its own
+        secret config and outputs among them)."""
+        redactor = redactor_for(request.stack_key.partition("/")[0])
+        redactor.add(*request.secret_config.values())
+        return masked(await self._run_in_turn(operation, request), redactor)
+
+    async def _run_in_turn(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         lock = self._locks.setdefault(request.stack_key, asyncio.Lock())
-        async with lock, self._slots:
+        async with lock, self._slots.held(request.stack_key.partition("/")[0]):
             lost = self._lost_runs.get(request.stack_key)
             if lost is not None and operation == "recover":
                 # The recovery of the Stack's last run clears the lost run's lock itself.

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from . import flux_events
-from .redaction import redact
+from .redaction import redactor_for
 
 HOST = socket.gethostname()
 
@@ -22,9 +22,9 @@ FLUX_EVENTS: flux_events.FluxEventSink | None = None
 
 def post_event(body: Any, reason: str, message: str, warning: bool = False, revision: str = "",
                to_flux: bool = True) -> None:
-    """A Kubernetes Event on `body`, its message redacted and cut to 1024 characters; also sent to Flux
-    unless `to_flux` is false (PKO v2's Workspaces and Updates)."""
-    message = redact(message)[:1024]
+    """A Kubernetes Event on `body`, its message masked with its namespace's secrets and cut to 1024
+    characters; also sent to Flux unless `to_flux` is false (PKO v2's Workspaces and Updates)."""
+    message = redactor_for(body["metadata"]["namespace"]).redact(message)[:1024]
     kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message)
     if FLUX_EVENTS is not None and to_flux:
         FLUX_EVENTS.publish(flux_events.build_flux_event(body, reason, message, warning=warning, revision=revision,

@@ -11,8 +11,8 @@ object's events.
 `build_flux_event` is the pure formatting; `FluxEventSink` delivers asynchronously: a bounded queue
 drained by one task, a short timeout per POST, never blocking or failing a reconcile. A full queue
 drops the event; a failed POST is logged once per run of failures (and once when delivery recovers).
-Messages arrive here already redacted, as the Kubernetes Event's are; annotation values are redacted
-again on the way out.
+Messages arrive here already redacted, as the Kubernetes Event's are; both are masked again on the way
+out, with the Stack's namespace's secrets.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .redaction import redact
+from .redaction import LOG_REDACTOR, redactor_for
 
 REPORTING_CONTROLLER = "strata-operator"
 FLUX_EVENT_ANNOTATION_PREFIX = "event.toolkit.fluxcd.io/"
@@ -56,7 +56,8 @@ def build_flux_event(body: Mapping[str, Any], reason: str, message: str, *, warn
                 "apiVersion": api_version, "resourceVersion": meta.get("resourceVersion") or ""}
     involved = {k: v for k, v in involved.items() if v}
     group = api_version.split("/")[0] if "/" in api_version else ""
-    metadata = {key: redact(str(value)) for key, value in (meta.get("annotations") or {}).items()
+    redactor = redactor_for(namespace)
+    metadata = {key: redactor.redact(str(value)) for key, value in (meta.get("annotations") or {}).items()
                 if key.startswith(FLUX_EVENT_ANNOTATION_PREFIX)}
     if revision and group:
         metadata[f"{group}/revision"] = revision
@@ -64,7 +65,7 @@ def build_flux_event(body: Mapping[str, Any], reason: str, message: str, *, warn
         "involvedObject": involved,
         "severity": "error" if warning else "info",
         "timestamp": _timestamp(now),
-        "message": redact(message)[:MAX_MESSAGE],
+        "message": redactor.redact(message)[:MAX_MESSAGE],
         "reason": reason,
         "reportingController": controller,
         "reportingInstance": instance,
@@ -145,7 +146,7 @@ class FluxEventSink:
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - delivery is best effort, whatever the cause
-            problem = redact(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+            problem = LOG_REDACTOR.redact(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
         if problem is None:
             # 429 is the event server's rate limit on duplicates: the same event already arrived.
             self.delivered += 1

@@ -7,6 +7,7 @@ import base64
 import concurrent.futures
 import dataclasses
 import functools
+import re
 from typing import Any
 from urllib.parse import quote
 
@@ -17,16 +18,49 @@ from kubernetes.client.rest import ApiException
 
 from ..api import GROUP, VERSION
 from . import api_health
+from .redaction import add_operator_secrets
 
 FLUX_GROUP = "source.toolkit.fluxcd.io"
 FLUX_PLURALS = {"GitRepository": "gitrepositories", "OCIRepository": "ocirepositories", "Bucket": "buckets"}
 LEASES = ("coordination.k8s.io", "v1", "leases")
 # Leader election must not wait on a hung connection longer than it may go without renewing.
 LEASE_REQUEST_TIMEOUT = (3.0, 5.0)
+# A scraper waits on a review of its token; Prometheus's own scrape timeout is 10 s by default.
+REVIEW_TIMEOUT = (3.0, 5.0)
 
 
 class Forbidden(Exception):
     """The operator's RBAC does not let it read an object a Stack names; the message says which grant."""
+
+
+# The core objects the operator handles in a namespace it serves, and only there (rbac/served-namespace.yaml).
+_SERVED = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/(?P<resource>secrets|configmaps|serviceaccounts|pods)"
+                     r"(?:/[^/]+(?:/(?P<subresource>token))?)?$")
+
+
+class NamespaceNotServed(ApiException):
+    """The operator was refused (403) a Secret, ConfigMap, token or pod in a namespace: it has those rights only
+    in the namespaces it serves, and this is not one of them."""
+
+    def __init__(self, err: ApiException, namespace: str, what: str):
+        super().__init__(status=err.status, reason=err.reason)
+        self.namespace, self.what = namespace, what
+
+    def __str__(self) -> str:
+        return (f"the operator may not use {self.what} in namespace {self.namespace!r}: it holds those rights only in "
+                "the namespaces it serves (its own, and each team's), never cluster-wide; fix: give the namespace "
+                "to a team (strata:teams; its environment grants the operator there), or create in it the "
+                "operator's Roles of strata_operator/api/rbac/served-namespace.yaml and bind them to its "
+                "ServiceAccount (components.operator.build_served_namespace_rbac renders them)")
+
+
+def _refused_in_namespace(err: ApiException, path: str) -> ApiException:
+    """A 403 on a served-namespace object as NamespaceNotServed; any other error as it is."""
+    found = _SERVED.match(path) if err.status == 403 else None
+    if found is None:
+        return err
+    what = "ServiceAccount tokens" if found["subresource"] else found["resource"]
+    return NamespaceNotServed(err, found["namespace"], what)
 
 
 def _absent(err: ApiException) -> bool:
@@ -48,6 +82,10 @@ class Kube:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        # The operator's own credentials: masked in every namespace's text and the log (a token the kubelet
+        # rotates later is masked only where it shows as an authorization header).
+        add_operator_secrets(*(value.split(" ", 1)[-1] for value in configuration.api_key.values()),
+                             configuration.password)
         return cls(kubernetes.client.ApiClient(configuration))
 
     def _core(self, method: str, path: str, body: dict | None = None, timeout: Any = None,
@@ -62,7 +100,15 @@ class Kube:
                                            auth_settings=["BearerToken"])
         response = self.api.call_api(*request, _request_timeout=timeout)
         response.read()
-        return self.api.response_deserialize(response, {"2XX": "object"}).data
+        try:
+            return self.api.response_deserialize(response, {"2XX": "object"}).data
+        except ApiException as err:
+            raise _refused_in_namespace(err, path) from None
+
+    def review(self, path: str, body: dict) -> dict:
+        """The status of a review (TokenReview, SubjectAccessReview) POSTed to `path`; synchronous, for the
+        metrics server's threads."""
+        return self._core("POST", path, body, timeout=REVIEW_TIMEOUT).get("status") or {}
 
     async def _core_get(self, path: str) -> dict | None:
         """A core (v1) object, or None if there is none."""
@@ -189,6 +235,16 @@ class Kube:
     async def create_namespace(self, name: str, labels: dict[str, str]) -> None:
         body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}}
         await self._call(self._core, "POST", "/api/v1/namespaces", body, LEASE_REQUEST_TIMEOUT)
+
+    async def namespace_annotations(self, name: str) -> dict[str, str]:
+        """The namespace's annotations ({} when it is gone)."""
+        try:
+            namespace = await self._call(self._core, "GET", f"/api/v1/namespaces/{quote(name)}")
+        except ApiException as err:
+            if _absent(err):
+                return {}
+            raise
+        return dict(((namespace or {}).get("metadata") or {}).get("annotations") or {})
 
     async def namespace_terminating(self, name: str) -> bool:
         try:

@@ -1,8 +1,9 @@
 """A Stack's program from a Flux source's artifact (GitRepository, OCIRepository, Bucket, ...).
 
-The artifact is downloaded with a timeout and a size cap and checked against `status.artifact.digest`
-before it is unpacked (sources/archive.py refuses links or paths that leave the destination and
-archives that expand beyond a cap).
+The artifact is streamed to a file, from an http(s) server only (never the operator's own files), within a
+deadline and the operator's source size cap, and checked against `status.artifact.digest` before it is
+unpacked (sources/archive.py refuses links or paths that leave the destination and archives that expand
+beyond the cap).
 """
 
 from __future__ import annotations
@@ -11,18 +12,19 @@ import contextlib
 import dataclasses
 import hashlib
 import http.client
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..services.redaction import REDACTOR
-from .archive import SourceError, UnsafeArchive
+from ..services.redaction import MASK
+from .archive import SizeCap, SourceError
 from .git import DEFAULT_FETCH_TIMEOUT
 
-DEFAULT_MAX_ARTIFACT_BYTES = 256 * 1024 * 1024
-
+# The whole download's: a server trickling a byte within every read's timeout would hold a source thread forever.
+DOWNLOAD_DEADLINE_SECONDS = 300.0
 
 DIGEST_ALGORITHMS = ("sha256", "sha384", "sha512")
 
@@ -59,33 +61,42 @@ def flux_artifact(source: dict[str, Any]) -> FluxArtifact:
     return FluxArtifact(artifact["url"], artifact.get("revision", ""), digest)
 
 
-def _register_url_credentials(url: str) -> None:
-    """Credentials in a URL's userinfo are secrets: masked inside the URL by the redactor's pattern, but
-    errors also quote them apart from it (urllib: "nonnumeric port: 'PASSWORD@host'")."""
+def _without_url_password(text: str, url: str) -> str:
+    """Credentials in a URL's userinfo are masked inside the URL by every redactor's pattern, but errors
+    also quote them apart from it (urllib: "nonnumeric port: 'PASSWORD@host'")."""
     with contextlib.suppress(ValueError):
-        parts = urllib.parse.urlsplit(url)
-        REDACTOR.add(parts.password)
+        password = urllib.parse.urlsplit(url).password
+        if password:
+            return text.replace(password, MASK)
+    return text
 
 
-def download_artifact(artifact: FluxArtifact, dest_file: Path, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
-                      timeout: float = DEFAULT_FETCH_TIMEOUT) -> None:
-    """Stream the artifact to `dest_file`, refusing more than `max_bytes`, and verify its digest."""
+def download_artifact(artifact: FluxArtifact, dest_file: Path, cap: SizeCap = SizeCap(),
+                      timeout: float = DEFAULT_FETCH_TIMEOUT,
+                      deadline_seconds: float = DOWNLOAD_DEADLINE_SECONDS) -> None:
+    """Stream the artifact to `dest_file`, refusing more than the cap or a download that outlasts
+    `deadline_seconds` (`timeout`: each read's), and verify its digest."""
     algorithm, _, expected = artifact.digest.partition(":")
     if algorithm not in DIGEST_ALGORITHMS or not expected:
         raise SourceError(f"unsupported artifact digest {artifact.digest!r}; expected one of {DIGEST_ALGORITHMS}")
+    if not artifact.url.lower().startswith(("http://", "https://")):
+        raise SourceError(f"artifact URL {artifact.url!r}: not http:// or https:// (the operator fetches artifacts "
+                          "from a server, never from its own files)")
     hasher = hashlib.new(algorithm)
-    size = 0
-    _register_url_credentials(artifact.url)
+    size, deadline = 0, time.monotonic() + deadline_seconds
     try:
         with urllib.request.urlopen(artifact.url, timeout=timeout) as response, dest_file.open("wb") as out:
-            while chunk := response.read(1 << 16):
+            while chunk := response.read1(1 << 16):  # what has come (read() waits for all 64 KiB)
                 size += len(chunk)
-                if size > max_bytes:
-                    raise UnsafeArchive(f"artifact is larger than the {max_bytes} byte limit")
+                if size > cap.max_bytes:
+                    raise cap.refusal(f"the artifact at {artifact.url}")
+                if time.monotonic() > deadline:
+                    raise SourceError(f"artifact download from {artifact.url} took more than {deadline_seconds:g}s")
                 hasher.update(chunk)
                 out.write(chunk)
     # HTTPException: a URL or an answer http.client cannot use (InvalidURL, BadStatusLine, IncompleteRead).
     except (OSError, ValueError, http.client.HTTPException) as err:
-        raise SourceError(f"artifact download from {artifact.url} failed: {err}") from None
+        raise SourceError(_without_url_password(f"artifact download from {artifact.url} failed: {err}",
+                                                artifact.url)) from None
     if hasher.hexdigest() != expected.lower():
         raise SourceError(f"artifact digest mismatch: expected {artifact.digest}, got {algorithm}:{hasher.hexdigest()}")

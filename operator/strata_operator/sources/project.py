@@ -44,4 +44,8 @@ def subdir(root: Path, relative: str, field: str) -> Path:
     if not (target / "Pulumi.yaml").is_file() and not (target / "Pulumi.yml").is_file():
         where = f"{field} {relative!r}" if relative else "the root of the source"
         raise SourceError(f"no Pulumi.yaml in {where}")
+    for filename in ("Pulumi.yaml", "Pulumi.yml"):
+        # The operator reads it (status.projectInfo): a link to a file of the host's would be read as the project.
+        if (target / filename).exists() and not resolves_inside(Path(os.path.realpath(root)), str(target / filename)):
+            raise SourceError(f"{filename} in {field or 'the source'} {relative!r} is a link leaving the source")
     return target

@@ -1,6 +1,7 @@
 """Turn a Stack's references (envRefs, secretsRef, configRef, gitAuth and the deprecated v1 fields) into
-the values one update needs. Every value read from a Secret is registered with the redactor first;
-Literal and ConfigMap values and plain spec fields are not secrets and stay readable.
+the values one update needs. Every value read from a Secret is registered with the redactor of the
+Stack's namespace first; Literal and ConfigMap values and plain spec fields are not secrets and stay
+readable.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Any
 
 from ..api.stack import ResourceRef, StackSpec
 from ..api.workspace_values import MountedRefs
-from ..services.redaction import REDACTOR
-from .git import GitCredentials, GitHubApp
+from ..services.redaction import redactor_for
+from .git import KNOWN_HOSTS_KEY, GitCredentials, GitHubApp
 
 ReadMap = Callable[[str, str], Awaitable[dict[str, str] | None]]  # (namespace, name) -> data or None
 
@@ -57,7 +58,7 @@ async def resolve_ref(field: str, ref: ResourceRef, namespace: str, read_secret:
         if sel.key not in data:  # type: ignore[union-attr]
             raise RefError(f"{field}.secret.key: Secret {sel.name!r} has no key {sel.key!r}")  # type: ignore[union-attr]
         value = data[sel.key]  # type: ignore[union-attr]
-        REDACTOR.add(value)
+        redactor_for(namespace).add(value)
         return value
     if not allow_operator_refs:
         raise RefError(f"{field}.type: {ref.type!r} refs read the operator's own environment or files and are "
@@ -72,7 +73,7 @@ async def resolve_ref(field: str, ref: ResourceRef, namespace: str, read_secret:
                 value = f.read()
         except OSError as err:
             raise RefError(f"{field}.filesystem.path: cannot read {ref.filesystem.path!r}: {err.strerror}") from None  # type: ignore[union-attr]
-    REDACTOR.add(value)
+    redactor_for(namespace).add(value)
     return value
 
 
@@ -81,36 +82,44 @@ async def _git_credentials(spec: StackSpec, namespace: str, read_secret: ReadMap
     async def ref(field: str, r: ResourceRef) -> str:
         return await resolve_ref(field, r, namespace, read_secret, allow_operator_refs)
 
+    redactor = redactor_for(namespace)
     auth = spec.git_auth
     if auth is not None:
         if auth.ssh_auth is not None:
+            key = auth.ssh_auth.ssh_private_key
+            # The host keys to trust are the key's Secret's known_hosts, as in a Flux GitRepository's Secret.
+            key_secret = key.secret.name if key.type == "Secret" else ""  # type: ignore[union-attr]
+            beside_key = await read_secret(namespace, key_secret) if key_secret else None
             return GitCredentials(
-                ssh_private_key=await ref("spec.gitAuth.sshAuth.sshPrivateKey", auth.ssh_auth.ssh_private_key),
+                ssh_private_key=await ref("spec.gitAuth.sshAuth.sshPrivateKey", key),
                 ssh_passphrase=(await ref("spec.gitAuth.sshAuth.password", auth.ssh_auth.password)
-                                if auth.ssh_auth.password else ""))
+                                if auth.ssh_auth.password else ""),
+                known_hosts=(beside_key or {}).get(KNOWN_HOSTS_KEY, ""), redactor=redactor)
         if auth.access_token is not None:
-            return GitCredentials(token=await ref("spec.gitAuth.accessToken", auth.access_token))
+            return GitCredentials(token=await ref("spec.gitAuth.accessToken", auth.access_token), redactor=redactor)
         if auth.basic_auth is not None:
             return GitCredentials(username=await ref("spec.gitAuth.basicAuth.userName", auth.basic_auth.user_name),
-                                  password=await ref("spec.gitAuth.basicAuth.password", auth.basic_auth.password))
+                                  password=await ref("spec.gitAuth.basicAuth.password", auth.basic_auth.password),
+                                  redactor=redactor)
         if auth.github_app is not None:
             app = auth.github_app
             return GitCredentials(github_app=GitHubApp(
                 app_id=await ref("spec.gitAuth.githubApp.appID", app.app_id),
                 installation_id=await ref("spec.gitAuth.githubApp.installationID", app.installation_id),
-                private_key=await ref("spec.gitAuth.githubApp.privateKey", app.private_key)))
+                private_key=await ref("spec.gitAuth.githubApp.privateKey", app.private_key)), redactor=redactor)
     if spec.git_auth_secret:
         data = await read_secret(namespace, spec.git_auth_secret)
         if data is None:
             raise RefError(f"spec.gitAuthSecret: Secret {spec.git_auth_secret!r} not found")
-        REDACTOR.add(*data.values())
+        redactor.add(*data.values())
         # PKO's precedence: ssh key, then access token, then basic auth.
         if data.get("sshPrivateKey"):
-            return GitCredentials(ssh_private_key=data["sshPrivateKey"], ssh_passphrase=data.get("password", ""))
+            return GitCredentials(ssh_private_key=data["sshPrivateKey"], ssh_passphrase=data.get("password", ""),
+                                  known_hosts=data.get(KNOWN_HOSTS_KEY, ""), redactor=redactor)
         if data.get("accessToken"):
-            return GitCredentials(token=data["accessToken"])
+            return GitCredentials(token=data["accessToken"], redactor=redactor)
         if data.get("username") and data.get("password"):
-            return GitCredentials(username=data["username"], password=data["password"])
+            return GitCredentials(username=data["username"], password=data["password"], redactor=redactor)
         raise RefError(f"spec.gitAuthSecret: Secret {spec.git_auth_secret!r} has none of sshPrivateKey, "
                        "accessToken, username+password")
     return None
@@ -121,6 +130,7 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
     """`mount_secrets` (the pod executor): the Stack's Secrets, Env and FS refs are left to its workspace
     pod, which gets the Secrets from the kubelet; only ConfigMaps, literals and git credentials (the
     operator fetches the source) are read here."""
+    redactor = redactor_for(namespace)
     env: dict[str, str] = {}
     secret_env: set[str] = set()
     mounted_env: dict[str, dict[str, Any]] = {}
@@ -145,7 +155,7 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
         data = await read_secret(namespace, name)
         if data is None:
             raise RefError(f"spec.envSecrets: Secret {name!r} not found")
-        REDACTOR.add(*data.values())
+        redactor.add(*data.values())
         put(data, secret=True)
     if spec.access_token_secret and mount_secrets:
         mounted_env["PULUMI_ACCESS_TOKEN"] = {"secret": {"name": spec.access_token_secret, "key": "accessToken"}}
@@ -153,7 +163,7 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
         data = await read_secret(namespace, spec.access_token_secret)
         if data is None or "accessToken" not in data:
             raise RefError(f"spec.accessTokenSecret: Secret {spec.access_token_secret!r} with key 'accessToken' not found")
-        REDACTOR.add(data["accessToken"])
+        redactor.add(data["accessToken"])
         put({"PULUMI_ACCESS_TOKEN": data["accessToken"]}, secret=True)
     for key, ref in sorted(spec.env_refs.items()):
         if mount_secrets and ref.type != "Literal":
@@ -168,7 +178,7 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
         mounted_env.pop("PULUMI_BACKEND_URL", None)
     for secret_name in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN"):
         if secret_name in env:
-            REDACTOR.add(env[secret_name])
+            redactor.add(env[secret_name])
             secret_env.add(secret_name)
 
     config: dict[str, Any] = dict(spec.config)
@@ -181,7 +191,7 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
         except ValueError:
             raise RefError(f"spec.configRef.{key}.json: ConfigMap {cref.name!r} key {cref.key!r} is not JSON") from None
     secret_config = dict(spec.secrets)
-    REDACTOR.add(*secret_config.values())
+    redactor.add(*secret_config.values())
     for key, ref in sorted(spec.secrets_ref.items()):
         if mount_secrets and ref.type != "Literal":
             mounted_config[key] = _mounted_ref(ref)
@@ -189,9 +199,7 @@ async def resolve_stack(spec: StackSpec, namespace: str, read_secret: ReadMap, r
             continue
         secret_config[key] = await resolve_ref(f"spec.secretsRef.{key}", ref, namespace, read_secret,
                                                allow_operator_refs)
-        REDACTOR.add(secret_config[key])
+        redactor.add(secret_config[key])
     git = await _git_credentials(spec, namespace, read_secret, allow_operator_refs) if spec.project_repo else None
-    if git is not None:
-        git.register_secrets()
     return Resolved(env, config, secret_config, git, frozenset(secret_env),
                     MountedRefs(mounted_env, tuple(env_from), mounted_config))

@@ -19,10 +19,10 @@ from typing import Any
 from ..api.workspace import (SECRET_VARIABLES, FluxSource, GitAuthRefs, GitSource, KeyRef, ProjectInfoSource,
                              WorkspaceSpec, WorkspaceStack)
 from ..api.workspace_values import ConfigUnavailable, config_values
-from ..services.redaction import REDACTOR
-from .archive import SourceError, safe_extract
+from ..services.redaction import redactor_for
+from .archive import DEFAULT_MAX_SOURCE_BYTES, SizeCap, SourceError, byte_size, safe_extract, tree_bytes
 from .flux import FluxArtifact, download_artifact
-from .git import GitCredentials, GitHubApp, git_branch_head, git_checkout
+from .git import KNOWN_HOSTS_KEY, GitCredentials, GitHubApp, git_branch_head, git_checkout
 from .project import subdir
 from .references import ReadMap, RefError
 
@@ -38,8 +38,9 @@ class WorkspaceEnv:
 async def resolve_env(spec: WorkspaceSpec, namespace: str, read_secret: ReadMap,
                       read_configmap: ReadMap) -> WorkspaceEnv:
     """The workspace's environment as a pod would get it (envFrom, then env over it, plus PKO's
-    POD_NAMESPACE and POD_SA_NAME). Secret values are registered with the redactor as they are read;
-    RefError names the field of a missing Secret, ConfigMap or key."""
+    POD_NAMESPACE and POD_SA_NAME). Secret values are registered with the namespace's redactor as they are
+    read; RefError names the field of a missing Secret, ConfigMap or key."""
+    redactor = redactor_for(namespace)
     env: dict[str, str] = {"POD_NAMESPACE": namespace, "POD_SA_NAME": spec.service_account_name}
     secret: set[str] = set()
 
@@ -57,7 +58,7 @@ async def resolve_env(spec: WorkspaceSpec, namespace: str, read_secret: ReadMap,
             raise RefError(f"spec.envFrom[{index}].{key}: {source.kind} {source.name!r} not found in namespace "
                            f"{namespace!r}")
         if source.kind == "Secret":
-            REDACTOR.add(*data.values())
+            redactor.add(*data.values())
         for key, value in data.items():
             put(source.prefix + key, value, source.kind == "Secret")
     for var in spec.env:
@@ -76,19 +77,21 @@ async def resolve_env(spec: WorkspaceSpec, namespace: str, read_secret: ReadMap,
                     f"{kind} {ref.name!r} has no key {ref.key!r}"
                 raise RefError(f"spec.env[{var.name}].valueFrom.{key}: {what}")
             if kind == "Secret":
-                REDACTOR.add(data[ref.key])
+                redactor.add(data[ref.key])
             put(var.name, data[ref.key], kind == "Secret")
     for name in sorted(SECRET_VARIABLES):
         if name in env:
-            REDACTOR.add(env[name])
+            redactor.add(env[name])
             secret.add(name)
     return WorkspaceEnv(env, frozenset(secret))
 
 
 async def git_credentials(auth: GitAuthRefs | None, namespace: str, read_secret: ReadMap) -> GitCredentials | None:
-    """spec.git.auth's Secrets, in PKO's order (ssh key, token, username/password, GitHub App)."""
+    """spec.git.auth's Secrets, in PKO's order (ssh key, token, username/password, GitHub App); with an SSH
+    key, the host keys to trust are its Secret's known_hosts (Flux's convention), if it has one."""
     if auth is None:
         return None
+    redactor = redactor_for(namespace)
 
     async def value(ref: KeyRef | None, field: str) -> str:
         if ref is None:
@@ -99,77 +102,80 @@ async def git_credentials(auth: GitAuthRefs | None, namespace: str, read_secret:
                 return ""
             raise RefError(f"spec.git.auth.{field}: Secret {ref.name!r} with key {ref.key!r} not found in namespace "
                            f"{namespace!r}")
-        REDACTOR.add(data[ref.key])
+        redactor.add(data[ref.key])
         return data[ref.key]
 
     if auth.ssh_private_key:
-        creds = GitCredentials(ssh_private_key=await value(auth.ssh_private_key, "sshPrivateKey"),
-                               ssh_passphrase=await value(auth.password, "password"))
-    elif auth.token:
-        creds = GitCredentials(token=await value(auth.token, "token"))
-    elif auth.username:
-        creds = GitCredentials(username=await value(auth.username, "username"),
-                               password=await value(auth.password, "password"))
-    elif auth.github_app:
+        beside_key = await read_secret(namespace, auth.ssh_private_key.name)
+        return GitCredentials(ssh_private_key=await value(auth.ssh_private_key, "sshPrivateKey"),
+                              ssh_passphrase=await value(auth.password, "password"),
+                              known_hosts=(beside_key or {}).get(KNOWN_HOSTS_KEY, ""), redactor=redactor)
+    if auth.token:
+        return GitCredentials(token=await value(auth.token, "token"), redactor=redactor)
+    if auth.username:
+        return GitCredentials(username=await value(auth.username, "username"),
+                              password=await value(auth.password, "password"), redactor=redactor)
+    if auth.github_app:
         app_id, installation, key = auth.github_app
-        creds = GitCredentials(github_app=GitHubApp(await value(app_id, "githubApp.appID"),
-                                                    await value(installation, "githubApp.installationID"),
-                                                    await value(key, "githubApp.privateKey")))
-    else:
-        return None
-    creds.register_secrets()
-    return creds
+        return GitCredentials(github_app=GitHubApp(await value(app_id, "githubApp.appID"),
+                                                   await value(installation, "githubApp.installationID"),
+                                                   await value(key, "githubApp.privateKey")), redactor=redactor)
+    return None
 
 
-def stack_config(stack: WorkspaceStack | None, env: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def stack_config(stack: WorkspaceStack | None, env: dict[str, str],
+                 namespace: str) -> tuple[dict[str, Any], dict[str, str]]:
     """(config, secret config) of a Workspace's stack, with valueFrom.env read from the workspace's
-    environment as PKO's agent does; RefError names the item."""
+    environment as PKO's agent does (the secret values registered with the namespace's redactor); RefError
+    names the item."""
     try:
         config, secrets = config_values(stack.config if stack else (), env)
     except ConfigUnavailable as err:
         raise RefError(str(err)) from None
-    REDACTOR.add(*secrets.values())
+    redactor_for(namespace).add(*secrets.values())
     return config, secrets
 
 
-def resolve_git_ref(url: str, ref: str, creds: GitCredentials | None) -> str:
+def resolve_git_ref(url: str, ref: str, creds: GitCredentials | None, host_key_pin: Path) -> str:
     """The commit to check out for spec.git.ref: a SHA as given, else the branch, else the tag."""
     if _COMMIT.match(ref):
         return ref
     if ref.startswith("refs/"):
-        return git_branch_head(url, ref, creds)
+        return git_branch_head(url, ref, creds, host_key_pin)
     try:
-        return git_branch_head(url, ref, creds)
+        return git_branch_head(url, ref, creds, host_key_pin)
     except SourceError as err:
         if "not found" not in str(err):
             raise
     try:
-        return git_branch_head(url, f"refs/tags/{ref}", creds)
+        return git_branch_head(url, f"refs/tags/{ref}", creds, host_key_pin)
     except SourceError as err:
         if "not found" not in str(err):
             raise
     raise SourceError(f"spec.git.ref: {ref!r} is neither a branch nor a tag of {url}")
 
 
-def materialise(spec: WorkspaceSpec, dest: Path, creds: GitCredentials | None,
-                allow_host_dirs: bool) -> tuple[Path, str]:
-    """Write the workspace's program into `dest` (blocking: run it in a thread). Returns (project
-    directory, revision); SourceError says why not, naming the field."""
+def materialise(spec: WorkspaceSpec, dest: Path, creds: GitCredentials | None, host_key_pin: Path,
+                allow_host_dirs: bool, max_bytes: int = DEFAULT_MAX_SOURCE_BYTES) -> tuple[Path, str]:
+    """Write the workspace's program into `dest` (blocking: run it on a source thread), no larger than
+    `max_bytes` (--max-source-bytes, see archive.SizeCap). Returns (project directory, revision);
+    SourceError says why not, naming the field. `host_key_pin`: the Workspace's file of pinned SSH host
+    keys (git.HostKeys)."""
     source = spec.source
     if isinstance(source, ProjectInfoSource):
         dest.mkdir(parents=True, exist_ok=True)
         (dest / "Pulumi.yaml").write_text(json.dumps({"name": source.name, "runtime": source.runtime}) + "\n")
         return dest, f"projectInfo:{source.name}"
     if isinstance(source, GitSource):
-        commit = resolve_git_ref(source.url, source.ref, creds)
-        revision = git_checkout(source.url, commit, dest, creds)
+        commit = resolve_git_ref(source.url, source.ref, creds, host_key_pin)
+        revision = git_checkout(source.url, commit, dest, creds, host_key_pin, cap=SizeCap(max_bytes, "spec.git.url"))
         return subdir(dest, source.dir.lstrip("/"), "spec.git.dir"), revision
     if isinstance(source, FluxSource):
         dest.mkdir(parents=True, exist_ok=True)
-        archive = dest.parent / (dest.name + ".tar.gz")
+        archive, cap = dest.parent / (dest.name + ".tar.gz"), SizeCap(max_bytes, "spec.flux.url")
         try:
-            download_artifact(FluxArtifact(source.url, "", source.digest), archive)
-            safe_extract(archive, dest)
+            download_artifact(FluxArtifact(source.url, "", source.digest), archive, cap)
+            safe_extract(archive, dest, cap)
         finally:
             archive.unlink(missing_ok=True)
         return subdir(dest, source.dir.lstrip("/"), "spec.flux.dir"), source.digest
@@ -182,5 +188,8 @@ def materialise(spec: WorkspaceSpec, dest: Path, creds: GitCredentials | None,
         raise SourceError(f"spec.local.dir: {source.dir!r} holds no Pulumi project on the operator's host (PKO reads "
                           "it from its workspace image, which the process executor does not run) (fix: put the "
                           "project there, or use spec.git or spec.flux)")
+    files = tree_bytes(Path(source.dir))
+    if files > max_bytes:
+        raise SizeCap(max_bytes, "spec.local.dir").refusal(f"{source.dir!r} ({byte_size(files)} of files)")
     shutil.copytree(source.dir, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
     return dest, f"local:{source.dir}"

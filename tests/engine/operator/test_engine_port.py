@@ -8,19 +8,16 @@ import json
 import os
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from strata_operator.api.status import update_message
 from strata_operator.engine.port import UpdateRequest
-from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
+from tests.engine.workspace import PULUMI, YAML_HOST
+from strata_operator.engine.process.executor import AutomationEngine, Domain, EngineSettings
 
 pytestmark = pytest.mark.engine
 
-TOOLCHAIN = Path(os.environ.get("STRATA_CACHE", Path.home() / ".cache/strata")) / "toolchain"
-PULUMI = TOOLCHAIN / "pulumi-v3.259.0/bin/pulumi"
-YAML_HOST = TOOLCHAIN / "pulumi-yaml-v1.38.1/bin"
 CANARY = "canary-secret-7f3a9"
 
 PROGRAM = """name: stash
@@ -48,8 +45,9 @@ outputs:
 def engine(tmp_path, monkeypatch):
     if not PULUMI.exists() or not YAML_HOST.exists():
         pytest.fail(f"toolchain missing: build it with `make setup` ({PULUMI}, {YAML_HOST})")
+    # Every namespace trusted: these tests are about the engine's operations; test_sandbox.py runs them sandboxed.
     return AutomationEngine(EngineSettings(pulumi_command=str(PULUMI), plugin_dirs=(str(YAML_HOST),),
-                                           state_dir=tmp_path / "state"))
+                                           state_dir=tmp_path / "state", trusted_namespaces=frozenset({"*"})))
 
 
 def request(tmp_path, program=PROGRAM, **extra):
@@ -201,7 +199,7 @@ def test_a_dead_fork_server_is_replaced(engine, tmp_path):
 
     async def kill_server_then_update():
         await engine.start()
-        server = engine._forkserver[1]
+        server = engine._forkservers[Domain()].process
         os.kill(server.pid, signal.SIGKILL)  # as the OOM killer would; not waited for: the engine finds out
         return await engine.up(req)
 

@@ -17,13 +17,11 @@ from pathlib import Path
 import pytest
 
 from strata_operator.engine.port import UpdateRequest
+from tests.engine.workspace import PULUMI, YAML_HOST
 from strata_operator.engine.process.executor import AutomationEngine, EngineSettings
 
 pytestmark = pytest.mark.engine
 
-TOOLCHAIN = Path(os.environ.get("STRATA_CACHE", Path.home() / ".cache/strata")) / "toolchain"
-PULUMI = TOOLCHAIN / "pulumi-v3.259.0/bin/pulumi"
-YAML_HOST = TOOLCHAIN / "pulumi-yaml-v1.38.1/bin"
 
 SERVER = "github://api.github.com/strata-test"  # unreachable from here, like pulumi-flux's for an offline host
 PROBE = "resource-strataprobe-v0.0.1"
@@ -78,7 +76,8 @@ def _engine(tmp_path, cache: Path) -> AutomationEngine:
     if not PULUMI.exists() or not YAML_HOST.exists():
         pytest.fail(f"toolchain missing: build it with `make setup` ({PULUMI}, {YAML_HOST})")
     return AutomationEngine(EngineSettings(pulumi_command=str(PULUMI), plugin_dirs=(str(YAML_HOST),),
-                                           state_dir=tmp_path / "state", plugin_cache=cache, host_path=""))
+                                           state_dir=tmp_path / "state", plugin_cache=cache, host_path="",
+                                           trusted_namespaces=frozenset({"*"})))
 
 
 def _request(tmp_path, files: dict[str, str]) -> UpdateRequest:
@@ -138,7 +137,7 @@ def test_a_package_build_that_installs_its_plugin_finds_it_in_the_cache(tmp_path
 
     engine = _engine(tmp_path, cache)
     result = asyncio.run(engine.up(_request(tmp_path, files)))
-    venvs = list((tmp_path / "state" / "stacks" / "ns" / "probe" / "venvs").iterdir())
+    venvs = list((tmp_path / "state" / "sandboxes" / "ns" / "probe" / "venvs").iterdir())
     assert len(venvs) == 1 and (venvs[0] / ".strata-complete").exists(), result.message
     # The virtualenv is built; this engine has no Python language host to run the program with.
     assert result.outcome == "blocked" and "pulumi-language-python is missing" in result.message, result.message

@@ -243,7 +243,8 @@ def eventually_constant(read, seconds: float, interval: float = 0.5):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked common_word_secret run after the others. The operator masks every secret it has seen
-    wherever it appears (one process serves the whole session), so a secret such as PKO's manifests'
-    passphrase "test" turns every later "test" in messages and paths into [secret]."""
+    """Tests marked common_word_secret run after the others. A Stack's status and Events are masked with its
+    own namespace's secrets only, but the operator's log masks every secret it has seen (one process serves
+    the whole session), so a secret such as PKO's manifests' passphrase "test" turns every later "test" in
+    its log (test namespaces' names among them, which some tests look for there) into [secret]."""
     items.sort(key=lambda item: item.get_closest_marker("common_word_secret") is not None)

@@ -50,6 +50,20 @@ class SshGitServer:
     def url(self, name: str) -> str:
         return f"ssh://git@127.0.0.1:{self.port}/{name}.git"
 
+    def known_hosts(self) -> str:
+        """The server's host key as a known_hosts line (what `ssh-keyscan -p PORT 127.0.0.1` prints)."""
+        return f"[127.0.0.1]:{self.port} {self.host_key.export_public_key().decode().strip()}\n"
+
+    def rotate_host_key(self) -> None:
+        """Present a new host key on the same address from now on, as a reinstalled server or a man in the
+        middle does."""
+        self.host_key = asyncssh.generate_private_key("ssh-ed25519")
+
+        async def update() -> None:
+            self._server.update(server_host_keys=[self.host_key])
+
+        asyncio.run_coroutine_threadsafe(update(), self.loop).result(10)
+
     async def _serve(self, process: asyncssh.SSHServerProcess) -> None:
         words = shlex.split(process.command or "")
         repository = (self.root / words[1].lstrip("/")).resolve() if len(words) == 2 else None

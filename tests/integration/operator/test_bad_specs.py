@@ -12,6 +12,8 @@ from kubernetes import client
 
 from strata_components.local import processes
 from strata_components.local.kube import http_ok
+from strata_components.local.operator_host import serve_namespace
+from strata_operator.api import FILE_BACKEND_ANNOTATION
 
 from .conftest import GROUP, VERSION, Stacks, condition
 
@@ -136,8 +138,10 @@ def bad_specs(operator, kube_client, tmp_path_factory):
     operator handles them side by side, and each case's test reads its own."""
     core = client.CoreV1Api(kube_client)
     namespace = f"t-bad-specs-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": namespace}})
-    stacks = Stacks(kube_client, namespace, tmp_path_factory.mktemp("backend").as_uri(), operator)
+    backend = tmp_path_factory.mktemp("backend")
+    core.create_namespace({"metadata": {"name": namespace, "annotations": {FILE_BACKEND_ANNOTATION: str(backend)}}})
+    serve_namespace(operator.platform.kubeconfig_path, namespace)
+    stacks = Stacks(kube_client, namespace, backend.as_uri(), operator)
     pid = operator.pid()
     for index, (_, spec, *_) in enumerate(STALLED_SPEC_INVALID):
         _create(stacks, f"invalid-{index}", spec)

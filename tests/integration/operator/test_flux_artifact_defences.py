@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from strata_operator.sources.archive import DEFAULT_MAX_UNPACKED_BYTES
-from strata_operator.sources.flux import DEFAULT_MAX_ARTIFACT_BYTES
+from strata_operator.sources.archive import DEFAULT_MAX_SOURCE_BYTES
 
 from .conftest import stash_project
 
@@ -46,7 +45,7 @@ def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
 def _bomb() -> bytes:
     """One file of zeros just over the unpacked limit: about a megabyte compressed."""
     buffer = io.BytesIO()
-    size = DEFAULT_MAX_UNPACKED_BYTES + 1
+    size = DEFAULT_MAX_SOURCE_BYTES + 1
     with gzip.GzipFile(fileobj=buffer, mode="wb", compresslevel=1) as zipped, \
             tarfile.open(fileobj=zipped, mode="w") as tar:
         info = tarfile.TarInfo("zeros")
@@ -83,7 +82,7 @@ class Artifacts(ThreadingHTTPServer):
                     self.send_response(200)
                     self.end_headers()
                     with contextlib.suppress(OSError):
-                        for _ in range(DEFAULT_MAX_ARTIFACT_BYTES // (1 << 20) + 2):
+                        for _ in range(DEFAULT_MAX_SOURCE_BYTES // (1 << 20) + 2):
                             self.wfile.write(bytes(1 << 20))
                     return
                 body = files.get(self.path)
@@ -143,10 +142,12 @@ def _sha256(data: bytes) -> str:
 CASES = {
     # name: (artifact path, digest published for it (None: its real digest), what the Stalled message says)
     "digest-mismatch": ("/good.tar.gz", _sha256(b"something else"), "artifact digest mismatch"),
-    "tar-bomb": ("/bomb.tar.gz", None, f"archive expands beyond the {DEFAULT_MAX_UNPACKED_BYTES} byte limit"),
+    "tar-bomb": ("/bomb.tar.gz", None, "spec.fluxSource.sourceRef: the archive, unpacked (at entry 'zeros'), exceeds "
+                                       "the operator's source size cap of 512 MiB (fix: "),
     "symlink-escape": ("/symlink.tar.gz", None, "points outside"),
     "link-out": ("/link-out.tar.gz", None, "points outside"),
-    "oversize": (OVERSIZE, _sha256(b"never checked"), f"larger than the {DEFAULT_MAX_ARTIFACT_BYTES} byte limit"),
+    "oversize": (OVERSIZE, _sha256(b"never checked"), f"{OVERSIZE} exceeds the operator's source size cap of 512 MiB "
+                                                      "(fix: "),
 }
 
 

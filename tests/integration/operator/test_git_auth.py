@@ -190,3 +190,49 @@ def test_an_ssh_key_fetches_when_authorized_and_a_wrong_key_stalls_clearly(stack
         body = max(key.splitlines(), key=len)  # the longest base64 line of the private key
         assert body not in everything, f"the {name} private key leaked"
     assert passphrase not in everything
+
+
+def test_a_changed_ssh_host_key_stalls_the_stack_until_its_secret_names_the_new_one(stacks, operator, tmp_path):
+    """Trust on first use, pinned per Stack: the first fetch pins the SSH server's host key in the Stack's
+    own state directory. Once the server presents another key on the same address (reinstalled, or a man in
+    the middle), the next fetch is refused: the Stack stalls SourceUnavailable saying the host key changed
+    and how to fix it, and nothing runs. The new key under `known_hosts` in the Secret of the Stack's SSH key
+    (Flux's convention) is then the one trusted, and the Stack goes Ready again."""
+    import asyncssh
+
+    from .ssh_git_server import SshGitServer
+
+    key = asyncssh.generate_private_key("ssh-ed25519")
+    server = SshGitServer(tmp_path / "repos", [key.export_public_key().decode()])
+    server.root.mkdir()
+    server.start()
+    try:
+        repo = f"{stacks.namespace}-pinned"
+        GitRepos(server.root, f"ssh://git@127.0.0.1:{server.port}").create(
+            repo, {"Pulumi.yaml": stash_project("pinned", mode="ssh")})
+        stacks.secret("ssh-pinned", {"key": key.export_private_key().decode()})
+        auth = {"sshAuth": {"sshPrivateKey": {"type": "Secret", "secret": {"name": "ssh-pinned", "key": "key"}}}}
+        stacks.create("pinned", stacks.spec(stack="pinned", projectRepo=server.url(repo), branch="main",
+                                            gitAuth=auth))
+        assert stacks.wait_ready("pinned", 90)["status"]["outputs"] == {"mode": "ssh"}
+        pin = operator.state_dir / "stacks" / stacks.namespace / "pinned" / "known_hosts"
+        first_key = server.known_hosts().split()[-1]
+        assert first_key in pin.read_text()
+        runs = stacks.runs("pinned")
+
+        server.rotate_host_key()
+        stacks.patch("pinned", {"metadata": {"annotations": {"pulumi.com/reconciliation-request": "rotated"}}})
+        stalled = stacks.wait_stalled("pinned", "SourceUnavailable", 60)
+        message = next(c for c in stalled["status"]["conditions"] if c["type"] == "Stalled")["message"]
+        assert "its host key changed since the first fetch" in message and str(pin) in message, message
+        assert "put its public key under known_hosts in the git auth Secret" in message, message
+        assert stacks.runs("pinned") == runs
+        assert first_key in pin.read_text(), "a refused key never replaces the pinned one"
+
+        stacks.core.patch_namespaced_secret("ssh-pinned", stacks.namespace,
+                                            {"stringData": {"known_hosts": server.known_hosts()}})
+        stacks.patch("pinned", {"metadata": {"annotations": {"pulumi.com/reconciliation-request": "trusted"}}})
+        stacks.wait_ready("pinned", 90)
+        stacks.wait_events("pinned", "StackUpdateDetected", count=runs + 1)  # the request ran, with the new key
+    finally:
+        server.stop()

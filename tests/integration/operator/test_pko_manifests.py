@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 
 from strata_components.local import processes
+from strata_components.local.operator_host import serve_namespace
 
 from .conftest import GROUP, condition
 
@@ -88,8 +89,9 @@ def apply_strict(api: client.ApiClient, obj: dict[str, Any]) -> None:
 
 
 @pytest.fixture
-def pko_namespaces(kube_client):
-    """A fresh namespace for each namespace the manifests name (the examples all use `default`)."""
+def pko_namespaces(kube_client, local_platform):
+    """A fresh namespace for each namespace the manifests name (the examples all use `default`), served by the
+    operator as a PKO user's namespaces would be (the Operator component's `served_namespaces`)."""
     core = client.CoreV1Api(kube_client)
     names: dict[str, str] = {}
 
@@ -97,6 +99,7 @@ def pko_namespaces(kube_client):
         if original not in names:
             names[original] = f"pko-{original[:40]}-{uuid.uuid4().hex[:5]}"
             core.create_namespace({"metadata": {"name": names[original]}})
+            serve_namespace(local_platform.kubeconfig_path, names[original])
         return names[original]
 
     yield namespace_for

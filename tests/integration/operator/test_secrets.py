@@ -7,7 +7,7 @@ import base64
 import json
 from datetime import datetime, timezone
 
-from strata_operator.engine.process.worker import UPDATE_LOG
+from strata_operator.engine.process.executor import UPDATE_LOG
 
 from .conftest import PASSPHRASE, stash_project
 

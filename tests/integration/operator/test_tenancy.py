@@ -20,6 +20,7 @@ from strata_components import s3
 from strata_components.local import processes
 from strata_components.team import build_team_source, build_team_sync
 from strata_components.team_state import TeamStateCredentialsProvider
+from strata_operator.api import FILE_BACKEND_ANNOTATION
 
 from .conftest import (GROUP, PASSPHRASE, VERSION, Stacks, condition, has_condition, stash_program, team_identity,
                        unique)
@@ -123,11 +124,16 @@ def teams(kube_client, local_platform, operator, namespace, tmp_path):
     """Alpha in this test's namespace and beta in one of its own, both synced from one repository."""
     core = client.CoreV1Api(kube_client)
     beta_namespace = unique("beta")
-    core.create_namespace({"metadata": {"name": beta_namespace}})
     backends = {team: (tmp_path / "state" / "teams" / team) for team in ("alpha", "beta")}
     for path in backends.values():
         path.mkdir(parents=True)
-    url = local_platform.git.create(unique("tenants"), {
+    # Each team's file:// state directory, as the platform layer annotates its namespace.
+    core.create_namespace({"metadata": {"name": beta_namespace,
+                                        "annotations": {FILE_BACKEND_ANNOTATION: backends["beta"].as_uri()}}})
+    core.patch_namespace(namespace, {"metadata": {"annotations": {
+        FILE_BACKEND_ANNOTATION: backends["alpha"].as_uri()}}})
+    repository = unique("tenants")
+    url = local_platform.git.create(repository, {
         "teams/alpha/kustomization.yaml": listing(), "teams/beta/kustomization.yaml": listing()})
     alpha = Team(kube_client, local_platform, operator, namespace, "alpha", url, backends["alpha"].as_uri())
     beta = Team(kube_client, local_platform, operator, beta_namespace, "beta", url, backends["beta"].as_uri())
@@ -135,7 +141,8 @@ def teams(kube_client, local_platform, operator, namespace, tmp_path):
     core.create_namespaced_secret(beta_namespace, {"metadata": {"name": "strata-pulumi-passphrase"},
                                                    "stringData": {"passphrase": "beta-only-3f9a1c"}})
     try:
-        yield alpha, beta, url, backends
+        # Pushed to by the repository's owner (the platform's git server takes pushes with its credential only).
+        yield alpha, beta, local_platform.git.push_url(repository), backends
     finally:
         core.delete_namespace(beta_namespace)
 
@@ -199,6 +206,72 @@ def test_a_team_commit_reaches_only_what_the_team_may_touch(teams, operator):
     # Alpha's legitimate app keeps deploying once the attempts are gone.
     commit = push(url, {"teams/alpha/reader.yaml": None, "teams/alpha/thief.yaml": None,
                         **app(alpha.namespace, backend, "v2"),
+                        "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml")}, "alpha's app v2")
+    alpha.wait_applied(commit)
+    assert alpha.stacks.get("app")["status"]["outputs"] == {"greeting": "v2"}
+
+
+def _reading(namespace: str, name: str, paths: dict[str, Path]) -> str:
+    """A Program whose code reads each of `paths` (Pulumi YAML's fn::readFile opens any path the program's
+    process can) and exports what it read: an attacker's program, run by the real engine."""
+    program = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Program",
+               "metadata": {"name": name, "namespace": namespace,
+                            "annotations": {"kustomize.toolkit.fluxcd.io/substitute": "disabled"}},
+               "program": {"outputs": {key: {"fn::readFile": str(path)} for key, path in paths.items()}}}
+    return yaml.safe_dump(program)
+
+
+def test_a_team_program_reads_nothing_of_the_operators_the_platforms_or_another_teams(
+        teams, operator, local_platform):
+    """6. A commit under alpha's path whose program looks around the host it runs on (the process executor's),
+    for what made a team cluster-admin before: the operator's token, the platform's admin kubeconfig and the
+    controller-manager's, the operator's own process, beta's state. Its program runs sandboxed: every read
+    fails, none of it reaches its status, Events or the operator's log; and a Stack keeping its state in
+    beta's directory stalls, naming spec.backend. Alpha's app keeps deploying."""
+    alpha, beta, url, backends = teams
+    backend = backends["alpha"].as_uri()
+    (backends["beta"] / "state.json").write_text('{"checkpoint": "beta-state-7d41"}')
+    platform_state = local_platform.state_dir
+    targets = {"operatorKubeconfig": operator.state_dir.parent / "kubeconfig",
+               "adminKubeconfig": local_platform.kubeconfig_path,
+               "controllerManager": platform_state / "kubeconfigs" / "controller-manager.kubeconfig",
+               "gitPushCredential": platform_state / "git-push.credentials",
+               "operatorEnvironment": Path(f"/proc/{operator.pid()}/environ"),
+               "betaState": backends["beta"] / "state.json"}
+    secrets = {key: path.read_bytes().decode(errors="replace") for key, path in targets.items()}
+    tokens = [line.split(":", 1)[1].strip() for text in secrets.values() for line in text.splitlines()
+              if line.strip().startswith(("token:", "client-key-data:"))]
+    assert len(tokens) >= 3 and all(secrets.values()), "the targets hold what an attacker would be after"
+    snooper = stack(alpha.namespace, "snooper", backend, programRef={"name": "snoop"})
+    thief = stack(alpha.namespace, "state-thief", backends["beta"].as_uri(), programRef={"name": "app"})
+    legit = app(alpha.namespace, backend, "v1")
+    commit = push(url, {**legit, "teams/alpha/snoop.yaml": _reading(alpha.namespace, "snoop", targets),
+                        "teams/alpha/snooper.yaml": snooper, "teams/alpha/thief.yaml": thief,
+                        "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml", "snoop.yaml",
+                                                                  "snooper.yaml", "thief.yaml")},
+                  "a program reading the host")
+    alpha.wait_sync(lambda o: (o.get("status") or {}).get("lastAttemptedRevision", "").endswith(commit),
+                    f"attempted {commit[:8]}")
+    failed = alpha.stacks.wait("snooper", lambda o: ((o.get("status") or {}).get("lastUpdate") or {}).get(
+        "state") == "failed", 120, "its update failed")
+    message = failed["status"]["lastUpdate"]["message"]
+    for path in targets.values():
+        assert f"Error reading file at path {path}" in message, (path, message)
+    assert message.count("no such file or directory") >= len(targets), message
+    stalled = condition(alpha.stacks.wait_stalled("state-thief", "SpecInvalid"), "Stalled")["message"]
+    assert "spec.backend" in stalled and backends["alpha"].as_uri() in stalled
+    assert not alpha.stacks.get("state-thief")["status"].get("lastUpdate"), "the thief ran an update"
+    seen = "\n".join([str(alpha.stacks.get(name)["status"]) for name in ("snooper", "state-thief")] +
+                     [str(e.message) for name in ("snooper", "state-thief") for e in alpha.stacks.events(name)] +
+                     [operator.log_text()])
+    for leaked in [*tokens, "beta-state-7d41", "beta-only-3f9a1c"]:
+        assert leaked not in seen
+    assert (backends["beta"] / "state.json").read_text() == '{"checkpoint": "beta-state-7d41"}'
+    assert sorted(p.name for p in backends["beta"].iterdir()) == ["state.json"], "something wrote beta's state"
+    assert alpha.stacks.wait_ready("app")["status"]["outputs"] == {"greeting": "v1"}
+
+    commit = push(url, {"teams/alpha/snoop.yaml": None, "teams/alpha/snooper.yaml": None,
+                        "teams/alpha/thief.yaml": None, **app(alpha.namespace, backend, "v2"),
                         "teams/alpha/kustomization.yaml": listing("program.yaml", "app.yaml")}, "alpha's app v2")
     alpha.wait_applied(commit)
     assert alpha.stacks.get("app")["status"]["outputs"] == {"greeting": "v2"}

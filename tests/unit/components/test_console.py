@@ -272,26 +272,46 @@ def _call(app, path: str, query: str = "", headers=(), method: str = "GET"):
 def test_only_the_printed_urls_token_opens_the_console_and_actions_need_htmx():
     from strata_components.console import app
 
-    console = app.Console(None, [], token="s3cret-token")
+    console = app.Console(None, [], 40517, token="s3cret-token")
     asgi = app.build_app(console)
     assert _call(asgi, "/vendor/htmx.min.js")[0] == 403
     assert _call(asgi, "/", "token=wrong")[0] == 403
+    assert _call(asgi, "/", "token=s3cr%C3%A9t")[0] == 403, "a non-ASCII token is refused, not a server error"
     status, headers, _ = _call(asgi, "/layers", "token=s3cret-token&namespace=a")
     assert status == 303 and headers["location"] == "/layers?namespace=a", "the token leaves the address bar"
     cookie = headers["set-cookie"]
-    assert cookie.startswith(f"{app.COOKIE}=s3cret-token") and "HttpOnly" in cookie and "SameSite=strict" in cookie
-    session = [("cookie", f"{app.COOKIE}=s3cret-token")]
+    assert cookie.startswith("strata_console_40517=s3cret-token;"), cookie
+    assert {"HttpOnly", "Path=/", "SameSite=strict"} <= {part.strip() for part in cookie.split(";")}, cookie
+    session = [("cookie", "strata_console_40517=s3cret-token")]
     status, headers, body = _call(asgi, "/vendor/htmx.min.js", headers=session)
     assert status == 200 and b"htmx" in body[:300], "served from node_modules"
     assert _call(asgi, "/stacks/a/b/suspend", headers=session, method="POST")[0] == 400, "a cross-site form"
 
 
+def test_the_session_cookie_is_the_consoles_own_port_s_and_another_consoles_does_not_open_it():
+    from strata_components.console import app
+
+    # Two consoles on 127.0.0.1 (two users, or one user's two platforms): the browser sends both their
+    # cookies to each, since it keeps cookies per host, not per port.
+    mine, theirs = app.Console(None, [], 40517, token="mine"), app.Console(None, [], 40999, token="theirs")
+    assert mine.cookie != theirs.cookie
+    jar = [("cookie", f"{theirs.cookie}=theirs; {mine.cookie}=mine")]
+    status, _, body = _call(app.build_app(mine), "/vendor/htmx.min.js", headers=jar)
+    assert status == 200 and b"htmx" in body[:300], "its own cookie opens it, whatever else the jar holds"
+    # Their console's session, set after mine, no longer replaces mine (one name for both did).
+    status, headers, _ = _call(app.build_app(theirs), "/", "token=theirs")
+    assert headers["set-cookie"].startswith(f"{theirs.cookie}=theirs;")
+    assert _call(app.build_app(mine), "/", headers=[("cookie", f"{mine.cookie}=theirs")])[0] == 403
+    assert _call(app.build_app(mine), "/", headers=[("cookie", "strata_console=mine")])[0] == 403, \
+        "only the port's name counts"
+
+
 def test_an_action_reads_the_digest_htmx_posts():
     from strata_components.console import app
 
-    console = app.Console(None, [], token="t")
+    console = app.Console(None, [], 40517, token="t")
     asgi = app.build_app(console)
-    session = [("cookie", f"{app.COOKIE}=t"), ("hx-request", "true"),
+    session = [("cookie", f"{console.cookie}=t"), ("hx-request", "true"),
                ("content-type", "application/x-www-form-urlencoded")]
     status, _, body = _call(asgi, "/stacks/a/b/approve", headers=session, method="POST")
     assert status == 400 and b"digest" in body, "no digest: nothing approved"

@@ -11,7 +11,7 @@ from strata_mocks import FAKE_CA, fake_token
 from strata_components.local import processes
 from strata_components.operator import (Operator, OperatorProcessProvider, build_executor_flags, build_local_ports,
                                         build_operator_deployment, build_operator_objects, build_operator_rbac,
-                                        load_packaged_manifests, operator_code_digest)
+                                        build_served_namespace_rbac, load_packaged_manifests, operator_code_digest)
 from strata_operator.api import SHUTDOWN_DRAIN_SECONDS
 from strata_operator.api.label_selector import parse_label_selector
 
@@ -44,19 +44,24 @@ def test_packaged_operator_rbac_is_least_privilege_rule_by_rule():
         ("source.toolkit.fluxcd.io", "buckets"): READ,
         ("source.toolkit.fluxcd.io", "helmcharts"): {"get"},
         ("source.toolkit.fluxcd.io", "externalartifacts"): {"get"},
-        # create and update: spec.outputsSecret's Secret (only one its Stack owns is ever replaced).
-        ("", "secrets"): {"get", "create", "update"}, ("", "configmaps"): {"get"},
-        ("", "serviceaccounts/token"): {"create"},
         ("", "events"): {"create", "patch"}, ("events.k8s.io", "events"): {"create", "patch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("", "namespaces"): {"get", "list", "watch"},
+        # --metrics-auth kubernetes: a scraper's token, and whether its user may get /metrics.
+        ("authentication.k8s.io", "tokenreviews"): {"create"},
+        ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
     }
+
+
+def _roles(objects, name):
+    return [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == name]
 
 
 def test_leader_election_lease_is_granted_in_the_operator_namespace_only():
     objects = build_operator_rbac("ops", "op", load_packaged_manifests("rbac"))
-    (role,) = [o for o in objects if o["kind"] == "Role"]
-    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    (role,) = _roles(objects, "strata-operator-leader-election")
+    (binding,) = [o for o in objects
+                  if o["kind"] == "RoleBinding" and o["metadata"]["name"] == role["metadata"]["name"]]
     assert role["metadata"]["namespace"] == "ops"
     assert _grants(role["rules"]) == {("coordination.k8s.io", "leases"): {"get", "create", "update"},
                                       ("", "pods"): {"get"}}  # why its container last stopped
@@ -66,6 +71,55 @@ def test_leader_election_lease_is_granted_in_the_operator_namespace_only():
     # Nothing cluster-wide about Leases.
     (cluster_role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     assert not any("leases" in rule["resources"] for rule in cluster_role["rules"])
+
+
+def test_secrets_and_tokens_are_the_operators_only_in_the_namespaces_it_serves():
+    """A stolen operator token is worth the namespaces the operator serves, not the cluster: Secrets, ConfigMaps
+    and ServiceAccount tokens are granted by Roles, in its own namespace and in each team's (never for the
+    leader-election Role, which stays in its own)."""
+    packaged = load_packaged_manifests("rbac")
+    own = build_operator_rbac("ops", "op", packaged)
+    served = build_served_namespace_rbac("team-a", "ops", "op", packaged)
+    for objects, namespace in ((own, "ops"), (served, "team-a")):
+        (role,) = _roles(objects, "strata-operator-served")
+        assert role["metadata"]["namespace"] == namespace
+        # create and update: spec.outputsSecret's Secret and approval plans (only ones its Stack owns).
+        assert _grants(role["rules"]) == {("", "secrets"): {"get", "create", "update"}, ("", "configmaps"): {"get"}}
+        (tokens,) = _roles(objects, "strata-operator-tokens")
+        assert _grants(tokens["rules"]) == {("", "serviceaccounts/token"): {"create"}}
+    assert {o["metadata"]["name"] for o in served} == {"strata-operator-served", "strata-operator-tokens"}
+    assert {o["kind"] for o in served} == {"Role", "RoleBinding"}
+    for binding in (o for o in served if o["kind"] == "RoleBinding"):
+        assert binding["metadata"]["namespace"] == "team-a"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "op", "namespace": "ops"}]
+    pod = build_served_namespace_rbac("team-a", "ops", "op", packaged, executor="pod")
+    assert {o["metadata"]["name"] for o in pod} == {"strata-operator-served", "strata-operator-workspaces"}
+
+
+def test_no_cluster_role_the_project_ships_opens_a_namespace():
+    """Every ClusterRole rendered anywhere (the operator's package, the operator and team components, the local
+    platform and its add-ons): no token requests, no wildcard, and no Secret read across the cluster."""
+    from strata_components.local.cluster_addons import build_coredns_objects
+    from strata_components.local.platform import build_git_server_rbac
+    from strata_components.team import build_team_objects
+
+    packaged = load_packaged_manifests("rbac")
+    rendered = [*packaged, *build_git_server_rbac(), *build_coredns_objects("coredns:1", 2),
+                *build_team_objects("alpha", "team-alpha", read_namespaces=["shared"])]
+    for executor in ("process", "pod"):
+        rendered += build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i",
+                                            "executor": executor}, packaged)
+    cluster_roles = [o for o in rendered if o.get("kind") == "ClusterRole"]
+    assert {o["metadata"]["name"] for o in cluster_roles} >= {"strata-operator", "strata-metrics-reader"}
+    for role in cluster_roles:
+        for rule in role.get("rules") or []:
+            where = f"ClusterRole {role['metadata']['name']}: {rule}"
+            assert "*" not in rule.get("verbs", []) + rule.get("resources", []) + rule.get("apiGroups", []), where
+            assert "serviceaccounts/token" not in rule.get("resources", []), where
+            if "" in rule.get("apiGroups", []) and "secrets" in rule["resources"]:
+                assert not {"get", "list", "watch"} & set(rule["verbs"]), where
+            if "" in rule.get("apiGroups", []) and {"secrets", "pods", "serviceaccounts"} & set(rule["resources"]):
+                assert "create" not in rule["verbs"], where
 
 
 def test_operator_rbac_never_grants_wildcards_deletes_or_escalation():
@@ -91,23 +145,21 @@ def test_only_a_pod_executor_operator_may_create_workspace_pods():
                                   "workspace_node_selector": {"pool": "updates"},
                                   "workspace_tolerations": [{"key": "k", "value": "v", "effect": "NoSchedule"}]},
                                  packaged)
-    grants = {name: _grants([r for o in objects if o["kind"] == "ClusterRole" for r in o["rules"]])
+    grants = {name: _grants([r for o in objects if o["kind"] in ("ClusterRole", "Role") and o["metadata"]["name"]
+                             not in ("strata-metrics-reader", "strata-operator-leader-election") for r in o["rules"]])
               for name, objects in (("process", process), ("pod", pod))}
     assert ("", "pods") not in grants["process"] and ("", "serviceaccounts") not in grants["process"]
     # patch and delete: a Stack's own workspace objects, disowned while its destroy runs and removed after.
     assert grants["pod"][("", "pods")] == {"get", "create", "delete", "patch"}
     assert grants["pod"][("", "serviceaccounts")] == {"get", "create", "delete", "patch"}
     assert grants["pod"][("", "secrets")] == {"get", "create", "update", "delete", "patch"}
-    assert ("", "secrets") not in _grants([r for o in process if o["kind"] == "ClusterRole" for r in o["rules"]
-                                           if "delete" in r["verbs"]])
-    (deployment,) = [o for o in pod if o["kind"] == "Deployment"]
-    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert {"--executor=pod", "--workspace-image=img:1", "--workspace-node-selector=pool=updates",
-            "--workspace-toleration=k=v:NoSchedule"} <= set(args)
-    (plain,) = [o for o in process if o["kind"] == "Deployment"]
-    assert not any(a.startswith("--executor") for a in plain["spec"]["template"]["spec"]["containers"][0]["args"])
-    with pytest.raises(ValueError, match="workspace_image"):
-        build_executor_flags({"provider": None, "mode": "local", "executor": "pod"})
+    # A pod's identity is the Stack's ServiceAccount itself: no token is minted.
+    assert ("", "serviceaccounts/token") not in grants["pod"] and ("", "serviceaccounts/token") in grants["process"]
+    # None of it cluster-wide: only Roles, in the namespaces the operator serves.
+    for objects in (process, pod):
+        for role in (o for o in objects if o["kind"] == "ClusterRole"):
+            resources = {r for rule in role["rules"] for r in rule.get("resources", [])}
+            assert not {"pods", "secrets", "serviceaccounts"} & resources
 
 
 def test_operator_rbac_binds_only_the_given_service_account():
@@ -117,6 +169,28 @@ def test_operator_rbac_binds_only_the_given_service_account():
                             for b in bindings)
     # The package's own ServiceAccount / binding (fixed to strata-system) are not applied.
     assert not [o for o in objects if o["kind"] == "ServiceAccount"]
+
+
+def test_in_cluster_metrics_answer_only_authorized_scrapers_and_a_role_for_them_ships_unbound():
+    packaged = load_packaged_manifests("rbac")
+    objects = build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i", "metrics_port": 9000},
+                                     packaged)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # On the pod's address, for its Service; each request's token reviewed (the operator's default is loopback).
+    assert {"--metrics-port=9000", "--metrics-bind-address=0.0.0.0",
+            "--metrics-auth=kubernetes"} <= set(container["args"])
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9000, "targetPort": "metrics"}]
+    (reader,) = [o for o in objects if o["metadata"]["name"] == "strata-metrics-reader"]
+    assert reader["kind"] == "ClusterRole" and reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    # Prometheus's to bind, not the operator's: no binding of it, and the operator's own roles are as before.
+    assert not [o for o in objects if o["kind"].endswith("Binding") and o["roleRef"]["name"] == "strata-metrics-reader"]
+    assert reader not in build_operator_rbac("ops", "op", packaged)
+    # The local operator (a host process) keeps the operator's default: loopback, no review.
+    local = build_operator_objects({"provider": None, "mode": "local"}, packaged)
+    assert not [o for o in local if o["metadata"]["name"] == "strata-metrics-reader"]
+    assert not [f for f in build_executor_flags({"provider": None, "mode": "local"}) if f.startswith("--metrics")]
 
 
 def test_packaged_crds_define_pulumi_com_stack_and_program_and_auto_workspace_and_update():
@@ -135,7 +209,8 @@ def test_deployment_is_hardened_with_probes_and_ports():
         "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert pod["serviceAccountName"] == "op" and pod["securityContext"]["runAsNonRoot"] is True
     assert container["command"] == ["python", "-m", "strata_operator"]
-    assert container["args"] == ["--metrics-port=9000", "--health-port=9001", "--concurrency=4"]
+    assert container["args"] == ["--metrics-port=9000", "--health-port=9001", "--metrics-bind-address=0.0.0.0",
+                                 "--metrics-auth=kubernetes", "--concurrency=4"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9000, "health": 9001}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -173,8 +248,8 @@ def test_objects_per_mode():
     incluster = [o["kind"] for o in build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i"},
                                                            packaged)]
     local = [o["kind"] for o in build_operator_objects({"provider": None, "mode": "local"}, packaged)]
-    rbac = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
-    assert incluster == ["Namespace", "ServiceAccount", *rbac, "Deployment", "Service"]
+    rbac = ["ClusterRole", "ClusterRoleBinding", *["Role", "RoleBinding"] * 3]
+    assert incluster == ["Namespace", "ServiceAccount", *rbac, "ClusterRole", "Deployment", "Service"]
     assert local == ["Namespace", "ServiceAccount", *rbac, "Secret"]
     with pytest.raises(ValueError, match="in-cluster or local"):
         build_operator_objects({"provider": None, "mode": "docker"}, packaged)
@@ -244,8 +319,10 @@ def test_in_cluster_operator_graph(harness):
     crds = harness.all("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
     deployment = harness.one("kubernetes:apps/v1:Deployment")
     binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
-    lease_binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
-    lease_role = harness.one("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    lease_binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
+                                "operator-rolebinding-strata-system-strata-operator-leader-election")
+    lease_role = harness.one("kubernetes:rbac.authorization.k8s.io/v1:Role",
+                             "operator-role-strata-system-strata-operator-leader-election")
     namespace = harness.one("kubernetes:core/v1:Namespace")
     service = harness.one("kubernetes:core/v1:Service")
     assert len(crds) == 4
@@ -289,7 +366,9 @@ def test_local_operator_runs_on_the_host_with_its_own_service_account_token(harn
     secret = harness.one("kubernetes:core/v1:Secret")
     binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
     assert secret.urn in process.dependencies and binding.urn in process.dependencies
-    assert harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding").urn in process.dependencies
+    # Its Lease and the rights of the namespace it serves exist before it starts.
+    for binding in harness.all("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding"):
+        assert binding.urn in process.dependencies
     assert all(c.urn in process.dependencies
                for c in harness.all("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"))
 
@@ -348,3 +427,20 @@ def test_a_new_version_of_the_operator_restarts_the_local_process_and_nothing_el
     assert not OperatorProcessProvider().diff("id", props, dict(props)).changes
     assert OperatorProcessProvider().diff("id", {**props, "code": "0123456789abcdef"}, props).changes
     assert OperatorProcessProvider().diff("id", {k: v for k, v in props.items() if k != "code"}, props).changes
+
+
+def test_served_and_trusted_namespaces_are_named_by_the_component():
+    """A PKO user's own namespaces: served (the operator's Roles there) and, for a single-team operator,
+    trusted (programs unsandboxed); nothing of either by default."""
+    packaged = load_packaged_manifests("rbac")
+    plain = build_operator_objects({"provider": None, "mode": "in-cluster", "image": "i"}, packaged)
+    args = {"provider": None, "mode": "in-cluster", "image": "i", "served_namespaces": ["apps", "infra"],
+            "trusted_namespaces": ["apps"]}
+    objects = build_operator_objects(args, packaged)
+    served = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects} - {
+        (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in plain}
+    assert served == {(kind, namespace, name) for namespace in ("apps", "infra") for kind in ("Role", "RoleBinding")
+                      for name in ("strata-operator-served", "strata-operator-tokens")}
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert "--trusted-namespace=apps" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert build_executor_flags({"mode": "local"}) == []

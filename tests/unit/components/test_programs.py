@@ -318,6 +318,13 @@ def test_app_team_layer_deploys_with_the_team_kubeconfig_only(api_answers):
     for resource in (deployment, service):
         assert harness.provider_urn(resource.provider) == provider.urn
         assert resource.inputs["metadata"]["namespace"] == "team-alpha"
+    # Its pods satisfy Pod Security `restricted`, which the team's namespace enforces: not root, no privilege
+    # escalation, every capability dropped, the runtime's seccomp profile; the image serves as a user of its own.
+    pod = deployment.inputs["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    assert container["image"] == "nginxinc/nginx-unprivileged:1.27" and container["ports"][0]["containerPort"] == 8080
     # The Deployment's rollout is awaited; the Service waits for its IP only (not the provider's 10 s settle).
     assert service.inputs["metadata"]["annotations"] == {"pulumi.com/waitFor": "jsonpath={.spec.clusterIP}"}
     assert service.inputs["spec"]["selector"] == deployment.inputs["spec"]["selector"]["matchLabels"]

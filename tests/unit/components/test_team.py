@@ -62,14 +62,44 @@ def test_team_objects_are_namespace_scoped():
     kinds = [(o["kind"], o["metadata"].get("namespace")) for o in objects]
     assert kinds == [("Namespace", None), ("ServiceAccount", "team-alpha"), ("Secret", "team-alpha"),
                      ("Role", "team-alpha"), ("RoleBinding", "team-alpha"), ("Role", "shared"),
-                     ("RoleBinding", "shared")]
+                     ("RoleBinding", "shared"), *[("Role", "team-alpha"), ("RoleBinding", "team-alpha")] * 2]
     assert not any(o["kind"].startswith("Cluster") for o in objects)
-    for binding in (o for o in objects if o["kind"] == "RoleBinding"):
+    team_bindings = [o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"].startswith("team-")]
+    assert len(team_bindings) == 2
+    for binding in team_bindings:
         assert binding["roleRef"]["kind"] == "Role"
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "team-alpha", "namespace": "team-alpha"}]
+
+
+def test_the_operator_is_given_the_team_namespace_and_its_file_state_directory():
+    """The operator serving the team's Stacks gets its Roles there (nothing cluster-wide gives them), and the
+    namespace says which host directory the team's file:// state may use (the process executor's sandbox)."""
+    objects = build_team_objects("alpha", operator={"namespace": "ops", "service_account": "op", "executor": "pod"},
+                                 file_backend="file:///home/u/.local/state/strata/pulumi/teams/alpha")
+    operator_bindings = [o for o in objects
+                         if o["kind"] == "RoleBinding" and o["metadata"]["name"].startswith("strata-")]
+    assert {b["roleRef"]["name"] for b in operator_bindings} == {"strata-operator-served", "strata-operator-workspaces"}
+    for binding in operator_bindings:
+        assert binding["metadata"]["namespace"] == "team-alpha"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "op", "namespace": "ops"}]
+    (namespace,) = [o for o in objects if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["annotations"] == {
+        "strata.dev/file-backend": "file:///home/u/.local/state/strata/pulumi/teams/alpha"}
+    assert "annotations" not in [o for o in build_team_objects("alpha") if o["kind"] == "Namespace"][0]["metadata"]
     secret = objects[2]
     assert secret["type"] == "kubernetes.io/service-account-token"
     assert secret["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "team-alpha"}
+
+
+def test_a_team_namespace_enforces_pod_security_restricted():
+    """Whoever creates a pod there (the team, its Deployments, the operator's workspace pods), the API server
+    refuses one that asks for more than `restricted`; it also warns and audits."""
+    (namespace,) = [o for o in build_team_objects("alpha") if o["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"] == {
+        "strata.dev/team": "alpha",
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+        "pod-security.kubernetes.io/warn": "restricted", "pod-security.kubernetes.io/warn-version": "latest",
+        "pod-security.kubernetes.io/audit": "restricted", "pod-security.kubernetes.io/audit-version": "latest"}
 
 
 @pytest.mark.parametrize("bad", ["Alpha", "a_b", "-a", "x" * 51, ""])
@@ -108,8 +138,12 @@ def test_team_environment_graph_and_secret_kubeconfig(harness):
     namespace = harness.one("kubernetes:core/v1:Namespace")
     account = harness.one("kubernetes:core/v1:ServiceAccount")
     secret = harness.one("kubernetes:core/v1:Secret")
-    role = harness.one("kubernetes:rbac.authorization.k8s.io/v1:Role")
-    binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    role = harness.one("kubernetes:rbac.authorization.k8s.io/v1:Role", "alpha-role-team-alpha-team-alpha")
+    binding = harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
+                          "alpha-rolebinding-team-alpha-team-alpha")
+    # The operator's rights in the team's namespace exist before the team's Stack does.
+    served = harness.one("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding",
+                         "alpha-rolebinding-team-alpha-strata-operator-served")
     source = harness.one("kubernetes:source.toolkit.fluxcd.io/v1:GitRepository")
     stack = harness.one("kubernetes:pulumi.com/v1:Stack")
     for child in (namespace, account, secret, role, binding, source, stack):
@@ -117,11 +151,12 @@ def test_team_environment_graph_and_secret_kubeconfig(harness):
         assert harness.provider_urn(child.provider) == provider.urn, child.name
     for child in (account, secret, role, binding, source):
         assert namespace.urn in child.dependencies, child.name
+    assert namespace.inputs["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert account.urn in secret.dependencies and account.urn in binding.dependencies
     assert role.inputs["rules"] == build_team_rules()
     assert not harness.all("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
     assert not harness.all("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
-    assert source.urn in stack.dependencies and binding.urn in stack.dependencies
+    assert source.urn in stack.dependencies and binding.urn in stack.dependencies and served.urn in stack.dependencies
     assert stack.inputs["spec"]["serviceAccountName"] == "team-alpha"
     assert stack.inputs["spec"]["fluxSource"]["sourceRef"]["name"] == "team-alpha"
     # The team's sync objects name the stack that created them (the harness runs organization/strata/dev).

@@ -86,3 +86,13 @@ def test_no_operator_engine_flags_without_a_python_host(monkeypatch, tmp_path):
     monkeypatch.setenv("PULUMI_HOME", str(tmp_path))
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     assert preflight.operator_engine_flags() == []
+
+
+def test_without_bubblewrap_a_user_who_cannot_install_it_is_told_how(monkeypatch):
+    """As root `make setup` installs it; anyone else learns before anything long starts."""
+    monkeypatch.setattr(preflight.shutil, "which", lambda name, *args, **kwargs: None if name == "bwrap" else "/x")
+    monkeypatch.setattr(preflight.os, "geteuid", lambda: 1000)
+    (missing,) = preflight.missing_sandbox()
+    assert "apt-get install -y bubblewrap" in missing
+    monkeypatch.setattr(preflight.os, "geteuid", lambda: 0)
+    assert preflight.missing_sandbox() == []

@@ -7,6 +7,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+import yaml
 
 from strata_components.local import realnode
 
@@ -53,6 +54,12 @@ def test_kubelet_lets_in_only_certificate_or_rbac_checked_callers_and_taints_its
     assert config["containerRuntimeEndpoint"] == f"unix://{node.containerd_socket}"
     argv = realnode.kubelet_process(node, Path("/bin/kubelet")).argv
     assert f"--node-ip={realnode.NODE_ADDRESS}" in argv and f"--root-dir={node.directory / 'kubelet'}" in argv
+
+
+def test_every_pod_on_a_real_node_has_a_pid_limit(tmp_path):
+    """The kubelet's podPidsLimit, as the node's kubelet.yaml says it: Kubernetes has no per-pod field."""
+    rendered = yaml.safe_load(yaml.safe_dump(realnode.build_kubelet_config(_node(tmp_path), tmp_path / "ca.crt")))
+    assert rendered["podPidsLimit"] == realnode.POD_PIDS_LIMIT == 4096
 
 
 def test_the_toleration_matches_the_taint():

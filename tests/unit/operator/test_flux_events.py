@@ -9,7 +9,7 @@ import pytest
 
 from strata_operator.services.flux_events import FluxEventSink, build_flux_event, check_address
 from strata_operator.main import build_parser, run as run_operator
-from strata_operator.services.redaction import REDACTOR
+from strata_operator.services.redaction import redactor_for
 
 NOW = datetime(2026, 11, 24, 9, 30, 5, 123456, tzinfo=timezone.utc)
 STACK = {
@@ -63,7 +63,7 @@ def test_a_warning_is_an_error_event_and_nothing_of_the_spec_or_status_travels()
 
 
 def test_messages_and_annotation_values_are_redacted_and_bounded():
-    REDACTOR.add("s3cr3t-value-for-flux")
+    redactor_for(STACK["metadata"]["namespace"]).add("s3cr3t-value-for-flux")
     stack = {**STACK, "metadata": {**STACK["metadata"],
                                    "annotations": {"event.toolkit.fluxcd.io/note": "has s3cr3t-value-for-flux"}}}
     event = build_flux_event(stack, "StackUpdateFailure", "token s3cr3t-value-for-flux leaked" + "x" * 2000,

@@ -23,9 +23,9 @@ from strata_operator.api.status import (EVENT_BACKEND_REACHABLE, EVENT_BACKEND_U
                                        UPDATE_INTERRUPTED)
 from strata_operator.controllers import stack_update
 from strata_operator.controllers.context import Context, OperatorSettings
-from strata_operator.controllers.stack_session import StackSession
+from strata_operator.controllers.stack_session import StackSession, run_directory
 from strata_operator.decisions.planning import Requests, plan_stack
-from strata_operator.engine.pod.executor import PodEngine, WorkspaceSettings
+from strata_operator.engine.pod.executor import PodEngine, WorkspaceSettings, packed_source
 from strata_operator.engine.pod.workspace_pod import WorkspaceNames
 from strata_operator.engine.port import RUNS_AGAIN, SerializedEngine, UpdateRequest, UpdateResult
 from strata_operator.engine.process import executor as process_executor
@@ -120,7 +120,9 @@ class Logger:
 
 
 def session(engine) -> StackSession:
-    ctx = Context(kube=RecordingKube(), engine=engine, settings=OperatorSettings(backend_probe_seconds=0.01))
+    # In the operator's own namespace, whose Stacks' probes say the cause (a team's: test_backend_probe.py).
+    ctx = Context(kube=RecordingKube(), engine=engine, settings=OperatorSettings(backend_probe_seconds=0.01,
+                                                                                 own_namespace="ns"))
     return StackSession(ctx, {"metadata": {"namespace": "ns", "name": "s", "generation": 1}, "status": {}},
                         logger=Logger())
 
@@ -428,10 +430,18 @@ class OperatorPodKube(RecordingKube):
                                                   "lastState": {"terminated": terminated}}]}}
 
 
+@pytest.mark.parametrize("pod_executor,packing,during", [
+    (False, False, "most likely for this update"),
+    (True, True, "while it packed this Stack's source for its workspace pod"),
+    (True, False, "during this update (run in its workspace pod: the operator was not packing this Stack's source)")])
 def test_a_run_whose_operator_container_the_kernel_killed_for_memory_is_out_of_memory_with_backoff(
-        monkeypatch, tmp_path):
+        monkeypatch, tmp_path, pod_executor, packing, during):
     """On cgroup v2 nodes the kernel kills a container whole at its limit: run again at once, the update
-    would kill the operator again and again (a crash loop). It is a failure of the Stack's instead."""
+    would kill the operator again and again (a crash loop, the standby's after it). It is a failure of the
+    Stack's instead, with backoff, Stalled after --stall-after-failures. Under the process executor the
+    update ran in that container; under the pod executor the operator fetched, packed and uploaded its
+    source there, and the message says whether it was packing this Stack's (the tarball it left beside
+    the run's source)."""
     events = events_said(monkeypatch)
     monkeypatch.setattr(stack_update, "discover_namespace", lambda _: ("strata-system", "the pod's namespace"))
     engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
@@ -440,29 +450,39 @@ def test_a_run_whose_operator_container_the_kernel_killed_for_memory_is_out_of_m
         s.ctx.kube = kube = OperatorPodKube()
         s.ctx.settings.engine.container_memory = ContainerMemory("the operator's container",
                                                                  "the Operator component's resources")
+        if pod_executor:
+            s.ctx.settings.workspace = WorkspaceSettings(image="img:1")
+        left = run_directory(s, "s-1") / "src"  # what the killed operator left of the run
+        left.mkdir(parents=True)
+        if packing:
+            packed_source(left).write_bytes(b"the first megabytes of a tarball")
         assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
-    assert kube.read == [("strata-system", "op-0")]  # the pod that ran it
+    assert kube.read == [("strata-system", "op-0")]  # the operator pod that ran it
     last = s.status["lastUpdate"]
     assert (last["name"], last["state"], last["reason"], last["failures"]) == ("s-1", "failed", OUT_OF_MEMORY, 1)
     assert last["message"] == (
         "update s-1 was interrupted: the kernel killed the operator's container (pod op-0) for out of memory at "
-        "its memory limit of 1Gi, most likely for this update; raise the Operator component's "
-        "resources.limits.memory; cancelled the interrupted update in the backend")
+        f"its memory limit of 1Gi, {during}; raise the Operator component's resources.limits.memory; cancelled "
+        "the interrupted update in the backend")
     assert events == [st.EVENT_UPDATE_FAILURE] and s.status["currentUpdate"] is None
+    assert not left.parent.exists()  # the run's leftovers go with its recovery
     # Not resumed at once, as an interrupted run is: retried after its backoff, Stalled after repeated failures.
-    plan = plan_stack(spec, 1, Requests(), last, "c1", datetime.now(timezone.utc))
-    assert plan.run is None and plan.verdict.reason == st.RECONCILING_RETRY, plan
-    # On a host, or with the pod executor, no pod is read: the cause stays the operator's restart.
-    for pod_executor in (False, True):
-        engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
-        with backend_port(answering=True) as (_, where):
-            s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
-            s.ctx.kube = kube = OperatorPodKube()
-            if pod_executor:
-                s.ctx.settings.engine.container_memory = ContainerMemory("the operator's container", "f")
-                s.ctx.settings.workspace = WorkspaceSettings(image="img:1")
-            assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
-        assert kube.read == [] and s.status["lastUpdate"]["reason"] == UPDATE_INTERRUPTED
+    now = datetime.now(timezone.utc)
+    retrying = plan_stack(spec, 1, Requests(), last, "c1", now)
+    assert retrying.run is None and retrying.verdict.reason == st.RECONCILING_RETRY, retrying
+    stalled = plan_stack(spec, 1, Requests(), last, "c1", now, stall_after_failures=1)
+    assert stalled.run is None and stalled.verdict.phase == "stalled", stalled
+
+
+def test_on_a_host_a_run_interrupted_with_the_operator_reads_no_pod(monkeypatch, tmp_path):
+    """No container, no limit: the cause stays the operator's restart."""
+    events_said(monkeypatch)
+    engine = RecoveringEngine(UpdateResult("succeeded", "cancelled the interrupted update in the backend"))
+    with backend_port(answering=True) as (_, where):
+        s, spec = interrupted(engine, tmp_path, f"s3://state?endpoint={where}")
+        s.ctx.kube = kube = OperatorPodKube()
+        assert asyncio.run(stack_update.recover_interrupted(s, spec, RESOLVED)) is None
+    assert kube.read == [] and s.status["lastUpdate"]["reason"] == UPDATE_INTERRUPTED
 
 
 def test_a_run_the_operator_before_a_restart_lost_with_its_backend_counts_no_failure(monkeypatch, tmp_path):

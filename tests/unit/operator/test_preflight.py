@@ -17,7 +17,7 @@ PORTS = (PortSetting("--metrics-port", 8383, "metrics"), PortSetting("--health-p
 
 
 def test_a_taken_port_is_one_line_naming_the_port_its_flag_and_the_fix():
-    (failure,) = build_port_failures(PORTS, lambda port: errno.EADDRINUSE if port == 8383 else None)
+    (failure,) = build_port_failures(PORTS, lambda address, port: errno.EADDRINUSE if port == 8383 else None)
     assert failure.line() == ("cannot start: the metrics port 8383 (--metrics-port) is already in use on this host; "
                               "fix: stop what listens there, or give --metrics-port a free port (--metrics-port 0 "
                               "turns it off)")
@@ -25,8 +25,9 @@ def test_a_taken_port_is_one_line_naming_the_port_its_flag_and_the_fix():
 
 
 def test_ports_turned_off_are_not_checked_and_other_bind_errors_are_named():
-    assert build_port_failures((PortSetting("--metrics-port", 0, "metrics"),), lambda port: errno.EADDRINUSE) == []
-    (failure,) = build_port_failures(PORTS[1:], lambda port: errno.EACCES)
+    assert build_port_failures((PortSetting("--metrics-port", 0, "metrics"),),
+                               lambda address, port: errno.EADDRINUSE) == []
+    (failure,) = build_port_failures(PORTS[1:], lambda address, port: errno.EACCES)
     assert "health port 8384 (--health-port) cannot be bound (EACCES)" in failure.cause
 
 
@@ -34,12 +35,20 @@ def test_bind_error_sees_a_listening_socket():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
-        assert bind_error(held.getsockname()[1]) == errno.EADDRINUSE
+        assert bind_error("0.0.0.0", held.getsockname()[1]) == errno.EADDRINUSE
+        assert bind_error("127.0.0.1", held.getsockname()[1]) == errno.EADDRINUSE
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()
-    assert bind_error(port) is None
+    assert bind_error("0.0.0.0", port) is None
+
+
+def test_each_port_is_checked_on_the_address_its_server_binds():
+    asked = []
+    build_port_failures((PortSetting("--metrics-port", 8383, "metrics", "127.0.0.1"), PORTS[1]),
+                        lambda address, port: asked.append((address, port)))
+    assert asked == [("127.0.0.1", 8383), ("0.0.0.0", 8384)]
 
 
 def test_rejected_credentials_are_named_with_the_server_and_the_fix():
@@ -103,8 +112,8 @@ def test_a_cause_from_an_api_server_just_started_is_waited_out_and_a_lasting_one
     answers = iter([[refused], [refused], []])
     monkeypatch.setattr(preflight, "_ask", lambda api, settings: next(answers))
     settings = preflight.PreflightSettings(PORTS, None, ("strata-system", "leader"))
-    assert preflight.check(settings, bind=lambda port: None) == []
+    assert preflight.check(settings, bind=lambda address, port: None) == []
     monkeypatch.setattr(preflight, "_ask", lambda api, settings: [refused])
     started = clock.now
-    assert preflight.check(settings, bind=lambda port: None) == [refused]
+    assert preflight.check(settings, bind=lambda address, port: None) == [refused]
     assert clock.now - started >= preflight.CAUSE_SETTLE_SECONDS

@@ -3,7 +3,7 @@ access token however given. Literal and ConfigMap values and plain spec fields a
 
 import asyncio
 
-from strata_operator.services.redaction import REDACTOR
+from strata_operator.services.redaction import redactor_for
 from strata_operator.sources.references import resolve_stack
 from strata_operator.api.stack import parse_stack_spec
 
@@ -38,10 +38,10 @@ def test_secret_env_names_the_values_from_secrets_only(monkeypatch):
     assert resolved.env["REGION"] == "eu-west-1"  # a Literal over a Secret's key: plain now
     assert resolved.secret_env == {"TOKEN", "PULUMI_CONFIG_PASSPHRASE", "BULK", "PULUMI_ACCESS_TOKEN", "FROM_OPERATOR"}
     for plain in ("file:///srv/state", "hello-literal", "eu-west-1", "debug", "from-configmap"):
-        assert REDACTOR.redact(plain) == plain
+        assert redactor_for("ns").redact(plain) == plain
     for secret in ("secret-ref-canary-1", "passphrase-canary-2", "env-secrets-canary-3", "access-token-canary-4",
                    "operator-env-canary-5"):
-        assert REDACTOR.redact(secret) == "[secret]"
+        assert redactor_for("ns").redact(secret) == "[secret]"
 
 
 def test_a_literal_passphrase_is_still_a_secret():
@@ -49,4 +49,4 @@ def test_a_literal_passphrase_is_still_a_secret():
         "PULUMI_CONFIG_PASSPHRASE": {"type": "Literal", "literal": {"value": "literal-passphrase-6"}}}}, "ns")
     resolved = asyncio.run(resolve_stack(spec, "ns", _secret, _configmap))
     assert resolved.secret_env == {"PULUMI_CONFIG_PASSPHRASE"}
-    assert REDACTOR.redact("literal-passphrase-6") == "[secret]"
+    assert redactor_for("ns").redact("literal-passphrase-6") == "[secret]"

@@ -1,9 +1,14 @@
 """Flux artifact verification and safe unpacking, Program projects, git against a local repository."""
 
+import functools
 import hashlib
+import http.server
 import io
+import os
 import subprocess
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,9 +17,9 @@ import yaml
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from strata_operator.services.redaction import redact
+from strata_operator.services.redaction import Redactor
 from strata_operator.api.program import program_revision, program_status
-from strata_operator.sources.archive import SourceError, UnsafeArchive, safe_extract
+from strata_operator.sources.archive import SizeCap, SourceError, SourceTooLarge, UnsafeArchive, safe_extract
 from strata_operator.sources.flux import FluxArtifact, SourceNotReady, download_artifact, flux_artifact
 from strata_operator.sources.git import GitHubApp, git_branch_head, git_checkout, github_app_jwt, github_app_token
 from strata_operator.sources.project import project_info, subdir, write_program_project
@@ -37,47 +42,73 @@ def make_tar(path: Path, members):
     return path
 
 
-def artifact_for(path: Path, algorithm="sha256", corrupt=False):
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *_args) -> None:
+        pass
+
+
+@pytest.fixture
+def served(tmp_path):
+    """tmp_path over HTTP, as source-controller serves its artifacts: the base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietFiles, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def artifact_for(path: Path, base_url: str, algorithm="sha256", corrupt=False):
     digest = hashlib.new(algorithm, path.read_bytes()).hexdigest()
     if corrupt:
         digest = ("0" if digest[0] != "0" else "1") + digest[1:]
-    return FluxArtifact(path.as_uri(), "main@sha1:abc", f"{algorithm}:{digest}")
+    return FluxArtifact(f"{base_url}/{path.name}", "main@sha1:abc", f"{algorithm}:{digest}")
 
 
 @pytest.mark.parametrize("algorithm", ["sha256", "sha384", "sha512"])
-def test_download_verifies_digest(tmp_path, algorithm):
+def test_download_verifies_digest(tmp_path, served, algorithm):
     src = make_tar(tmp_path / "a.tar.gz", [("Pulumi.yaml", "file", "name: p\nruntime: yaml\n")])
-    download_artifact(artifact_for(src, algorithm), tmp_path / "got.tar.gz")
+    download_artifact(artifact_for(src, served, algorithm), tmp_path / "got.tar.gz")
     assert (tmp_path / "got.tar.gz").read_bytes() == src.read_bytes()
 
 
-def test_bad_digest_is_refused(tmp_path):
+def test_bad_digest_is_refused(tmp_path, served):
     src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "x")])
     with pytest.raises(SourceError, match="digest mismatch"):
-        download_artifact(artifact_for(src, corrupt=True), tmp_path / "got.tar.gz")
+        download_artifact(artifact_for(src, served, corrupt=True), tmp_path / "got.tar.gz")
 
 
-def test_unknown_digest_algorithm_is_refused(tmp_path):
+def test_unknown_digest_algorithm_is_refused(tmp_path, served):
     src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "x")])
     with pytest.raises(SourceError, match="unsupported artifact digest"):
-        download_artifact(FluxArtifact(src.as_uri(), "r", "md5:abc"), tmp_path / "got")
+        download_artifact(FluxArtifact(f"{served}/{src.name}", "r", "md5:abc"), tmp_path / "got")
+
+
+@pytest.mark.parametrize("scheme", ["file://", "FILE://", "ftp://127.0.0.1"])
+def test_an_artifact_is_never_read_from_the_operators_own_files(tmp_path, scheme):
+    """A forged status.artifact.url (or a Workspace's spec.flux.url) naming the operator's own files: refused
+    before anything is read, even with the file's right digest."""
+    src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "x")])
+    digest = "sha256:" + hashlib.sha256(src.read_bytes()).hexdigest()
+    with pytest.raises(SourceError, match="not http:// or https://"):
+        download_artifact(FluxArtifact(f"{scheme}{src}", "r", digest), tmp_path / "got")
+    assert not (tmp_path / "got").exists()
 
 
 def test_an_artifact_url_urllib_cannot_use_fails_as_a_source_error_without_its_password(tmp_path):
     """urllib quotes a URL's userinfo outside the URL when it cannot parse the host ("nonnumeric port:
-    'PASSWORD@host'"), where the URL pattern does not mask it: the password is registered first."""
+    'PASSWORD@host'"), where the URL pattern does not mask it: the error masks the URL's password itself."""
     password = "artifact-password-0b7e-unit"
     with pytest.raises(SourceError) as refused:
         download_artifact(FluxArtifact(f"http://flux:{password}@127.0.0.1/a.tar.gz", "r", "sha256:" + "0" * 64),
                           tmp_path / "got")
-    assert "artifact download from http://[secret]@127.0.0.1/a.tar.gz failed" in redact(str(refused.value))
-    assert password not in redact(str(refused.value))
+    assert "artifact download from http://[secret]@127.0.0.1/a.tar.gz failed" in str(refused.value)
+    assert password not in str(refused.value)
 
 
-def test_oversized_download_is_refused(tmp_path):
+def test_oversized_download_is_refused(tmp_path, served):
     src = make_tar(tmp_path / "a.tar.gz", [("x", "file", "y" * 100_000)])
-    with pytest.raises(UnsafeArchive, match="larger than"):
-        download_artifact(artifact_for(src), tmp_path / "got", max_bytes=100)
+    with pytest.raises(UnsafeArchive, match=r"spec.fluxSource.sourceRef: the artifact at http://\S+ exceeds the "
+                                            "operator's source size cap of 100 bytes"):
+        download_artifact(artifact_for(src, served), tmp_path / "got", SizeCap(100, "spec.fluxSource.sourceRef"))
 
 
 def test_safe_extract_unpacks_a_normal_tree(tmp_path):
@@ -95,7 +126,7 @@ def test_safe_extract_unpacks_a_normal_tree(tmp_path):
     ([("link", "sym", "/etc/passwd")], "points outside"),
     ([("link", "sym", "../../outside")], "points outside"),
     ([("dirlink", "sym", "."), ("dirlink/../../x", "file", "x")], "escapes"),
-    ([("hard", "lnk", "/etc/passwd")], "points outside"),
+    ([("hard", "lnk", "/etc/passwd")], "is a hard link"),
     ([("pipe", "fifo", None)], "device or fifo"),
 ])
 def test_escapes_are_refused(tmp_path, members, problem):
@@ -117,8 +148,9 @@ def test_write_through_symlinked_directory_is_refused(tmp_path):
 def test_tar_bomb_is_refused(tmp_path):
     src = make_tar(tmp_path / "bomb.tar.gz", [(f"f{i}", "file", b"\0" * 1_000_000) for i in range(5)])
     assert src.stat().st_size < 100_000  # compresses ~1000x
-    with pytest.raises(UnsafeArchive, match="expands beyond"):
-        safe_extract(src, tmp_path / "out", max_bytes=2_000_000)
+    with pytest.raises(UnsafeArchive, match=r"spec.flux.url: the archive, unpacked \(at entry 'f\d'\), exceeds the "
+                                            "operator's source size cap of 2000000 bytes"):
+        safe_extract(src, tmp_path / "out", SizeCap(2_000_000, "spec.flux.url"))
 
 
 def test_too_many_entries_is_refused(tmp_path):
@@ -242,14 +274,14 @@ def test_github_app_jwt_is_signed_by_the_app_key_for_github(app_key):
 ])
 def test_bad_github_app_credentials_name_the_field_and_never_the_key(app, field):
     with pytest.raises(SourceError) as caught:
-        github_app_token(app, api="http://127.0.0.1:9")
+        github_app_token(app, Redactor(), api="http://127.0.0.1:9")
     assert str(caught.value).startswith(field) and "fix:" in str(caught.value) and "nope" not in str(caught.value)
 
 
 def test_an_unreachable_github_api_names_the_field_and_the_fix(app_key):
     _, pem = app_key
     with pytest.raises(SourceError) as caught:
-        github_app_token(GitHubApp("1", "2", pem), api="http://127.0.0.1:9", timeout=5)
+        github_app_token(GitHubApp("1", "2", pem), Redactor(), api="http://127.0.0.1:9", timeout=5)
     message = str(caught.value)
     assert message.startswith("spec.gitAuth.githubApp: cannot reach http://127.0.0.1:9")
     assert "spec.gitAuth.accessToken" in message and "PRIVATE KEY" not in message
@@ -273,14 +305,14 @@ def test_git_branch_head_and_checkout(tmp_path):
     (repo / "Pulumi.yaml").write_text("name: p2\nruntime: yaml\n")
     git(repo, "commit", "-q", "-am", "two")
     head = git(repo, "rev-parse", "HEAD")
-    url = repo.as_uri()
-    assert git_branch_head(url, "main", None) == head
-    assert git_branch_head(url, "refs/heads/main", None) == head
-    assert git_checkout(url, first, tmp_path / "co", None) == first
+    url, pin = repo.as_uri(), tmp_path / "state" / "known_hosts"
+    assert git_branch_head(url, "main", None, pin) == head
+    assert git_branch_head(url, "refs/heads/main", None, pin) == head
+    assert git_checkout(url, first, tmp_path / "co", None, pin) == first
     assert (tmp_path / "co/Pulumi.yaml").read_text() == "name: p\nruntime: yaml\n"
-    assert git_checkout(url, head[:10], tmp_path / "co2", None) == head
+    assert git_checkout(url, head[:10], tmp_path / "co2", None, pin) == head
     with pytest.raises(SourceError, match="branch 'nope' not found"):
-        git_branch_head(url, "nope", None)
+        git_branch_head(url, "nope", None, pin)
 
 
 def test_a_git_failure_says_its_cause_not_the_advice_around_it():
@@ -293,3 +325,115 @@ def test_a_git_failure_says_its_cause_not_the_advice_around_it():
                                      "fatal: Could not read from remote repository.")
     assert git_failure("something odd\nlast words\n", 1) == "last words"
     assert git_failure("", 128) == "exit 128"
+
+
+def _committed(tmp_path: Path, files: dict[str, bytes]) -> tuple[str, str]:
+    """A repository holding `files` in one commit: its file:// URL and the commit."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for name, data in files.items():
+        (repo / name).write_bytes(data)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    return repo.as_uri(), git(repo, "rev-parse", "HEAD")
+
+
+CAP_FIX = "(fix: make the source smaller, e.g. keep large files and build outputs out of it, or have the " \
+          "operator's admins raise --max-source-bytes)"
+
+
+def test_a_checkout_whose_files_pass_the_cap_is_refused_before_any_is_written(tmp_path):
+    """A megabyte of zeros is a kilobyte of git objects: the fetch is small, the checkout would not be. The
+    commit's tree says so before anything is checked out (a zip bomb of a repository never reaches the disk)."""
+    url, commit = _committed(tmp_path, {"Pulumi.yaml": b"name: p\nruntime: yaml\n", "zeros.bin": b"\0" * 1_000_000})
+    dest = tmp_path / "co"
+    with pytest.raises(SourceTooLarge) as refused:
+        git_checkout(url, commit, dest, None, tmp_path / "pin", cap=SizeCap(100_000, "spec.projectRepo"))
+    assert str(refused.value) == (f"spec.projectRepo: the checkout of commit {commit} (1000022 bytes of files) "
+                                  f"exceeds the operator's source size cap of 100000 bytes {CAP_FIX}")
+    assert [path.name for path in dest.iterdir()] == [".git"]  # nothing checked out
+
+
+def test_what_git_fetches_beyond_the_cap_is_refused(tmp_path):
+    """Incompressible data: what the fetch brings is already beyond the cap (git has no limit of its own on a
+    fetch, the operator measures the repository while git fetches and once it is done)."""
+    url, commit = _committed(tmp_path, {"Pulumi.yaml": b"name: p\nruntime: yaml\n", "noise.bin": os.urandom(300_000)})
+    with pytest.raises(SourceTooLarge, match=rf"^spec.git.url: what git fetched for commit {commit} from {url} "
+                                             "exceeds the operator's source size cap of 200000 bytes"):
+        git_checkout(url, commit, tmp_path / "co", None, tmp_path / "pin", cap=SizeCap(200_000, "spec.git.url"))
+
+
+def test_a_checkout_that_attributes_make_larger_than_its_files_is_measured_once_checked_out(tmp_path):
+    """`eol=crlf` doubles a file of newlines as it is checked out: the tree is measured again then."""
+    url, commit = _committed(tmp_path, {".gitattributes": b"*.txt text eol=crlf\n", "lines.txt": b"\n" * 60_000})
+    with pytest.raises(SourceTooLarge, match=rf"the checkout of commit {commit} \(120020 bytes of files\) exceeds"):
+        git_checkout(url, commit, tmp_path / "co", None, tmp_path / "pin", cap=SizeCap(100_000, "spec.projectRepo"))
+    assert git_checkout(url, commit, tmp_path / "co2", None, tmp_path / "pin", cap=SizeCap(200_000)) == commit
+
+
+def test_a_git_that_passes_the_cap_is_stopped_with_its_whole_process_group(tmp_path):
+    """What the size watch raises stops git at once, and what git started (index-pack, ssh): here an alias's
+    shell and its two sleeps."""
+    from strata_operator.sources.git import HostKeys, _run_git
+
+    marker = f"{30 + os.getpid() % 1000 / 1000:.3f}"  # how long each sleep is: what finds them after
+    looks = []
+
+    def check() -> None:
+        looks.append(time.monotonic())
+        if len(looks) == 2:
+            raise SizeCap(1, "spec.projectRepo").refusal("what git fetched")
+
+    started = time.monotonic()
+    with pytest.raises(SourceTooLarge, match="^spec.projectRepo: what git fetched exceeds"):
+        _run_git(["-c", f"alias.slow=!sleep {marker} & sleep {marker}; wait", "slow"],
+                 {"PATH": "/usr/bin:/bin"}, tmp_path, 60, HostKeys(tmp_path / "pin", False), check)
+    assert time.monotonic() - started < 5
+    left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True).stdout.split()
+    assert left == [], left
+
+
+def test_a_download_that_trickles_past_its_deadline_is_refused(tmp_path):
+    """An artifact server that sends a byte within every read's timeout would hold a source thread for good."""
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            for _ in range(100):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.1)
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(SourceError, match=r"artifact download from http://127.0.0.1:\d+/a.tar.gz took more "
+                                              r"than 0.5s"):
+            download_artifact(FluxArtifact(f"http://127.0.0.1:{server.server_address[1]}/a.tar.gz", "r",
+                                           "sha256:" + "0" * 64), tmp_path / "got", timeout=5, deadline_seconds=0.5)
+        assert time.monotonic() - started < 3
+    finally:
+        server.shutdown()
+
+
+def test_a_workspaces_host_directory_beyond_the_cap_is_not_copied(tmp_path):
+    from strata_operator.api.workspace import parse_workspace
+    from strata_operator.sources.workspace_program import materialise
+
+    program = tmp_path / "program"
+    program.mkdir()
+    (program / "Pulumi.yaml").write_text("name: p\nruntime: yaml\n")
+    (program / "data.bin").write_bytes(b"\0" * 5000)
+    spec = parse_workspace({"local": {"dir": str(program)}})
+    with pytest.raises(SourceTooLarge, match=rf"^spec.local.dir: '{program}' \(5022 bytes of files\) exceeds the "
+                                             "operator's source size cap of 4096 bytes"):
+        materialise(spec, tmp_path / "dest", None, tmp_path / "pin", True, max_bytes=4096)
+    assert not (tmp_path / "dest").exists()
+    assert materialise(spec, tmp_path / "dest", None, tmp_path / "pin", True, max_bytes=8192)[0] == tmp_path / "dest"

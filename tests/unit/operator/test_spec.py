@@ -111,6 +111,23 @@ def test_bad_spec_is_rejected_naming_its_field(spec, field):
     assert "fix:" in str(caught.value)
 
 
+@pytest.mark.parametrize("repo", ["file:///srv/git/other-team.git", "FILE:///srv/git/other-team.git",
+                                  "/srv/git/other-team.git", "./other-team.git", "~/repos/other-team.git"])
+def test_a_repository_on_the_operators_own_filesystem_is_refused_naming_the_field(repo):
+    """file:// and local paths would have the operator read any repository on its host or pod for a team."""
+    with pytest.raises(SpecInvalid) as caught:
+        parse_stack_spec(with_(projectRepo=repo), namespace="team")
+    assert caught.value.fields == ["spec.projectRepo"]
+    assert f"spec.projectRepo: {repo!r} is a repository on the operator's own filesystem" in str(caught.value)
+    assert "fix: serve the repository from a git server" in str(caught.value)
+
+
+def test_a_git_servers_urls_are_accepted():
+    for repo in ("https://h/r.git", "http://127.0.0.1:8398/r.git", "ssh://git@h:2222/r.git", "git://h/r.git",
+                 "git@github.com:org/r.git"):
+        assert parse_stack_spec(with_(projectRepo=repo), namespace="team").project_repo == repo
+
+
 def test_pko_v1_manifest_parses_with_defaults():
     spec = parse_stack_spec({
         "stack": "org/k8s-nginx/dev", "projectRepo": "https://github.com/pulumi/examples",

@@ -35,12 +35,13 @@ def test_unrelated_annotations_do_not_wake():
     assert not watched.wakeup.is_set()
 
 
-def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
-    """Ten new Stacks, room for two passes: the others wait their turn, and each still gets its pass."""
-    import asyncio
+def _fleet_passes(monkeypatch, stacks: list[tuple[str, str]], room: int) -> tuple[int, list[str]]:
+    """Daemons of `stacks` ((namespace, name), started in that order), each doing one pass, with room for
+    `room` passes at once: the most passes that ran at once, and the Stacks in the order their passes ended."""
     import types
 
     from strata_operator.controllers import stack as stack_controller
+    from strata_operator.services.fair_slots import FairSlots
 
     running, peak, passes = [0], [0], []
 
@@ -63,18 +64,31 @@ def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
     monkeypatch.setattr(stack_controller, "reconcile_stack", reconcile)
 
     async def fleet() -> None:
-        ctx = types.SimpleNamespace(registry=Registry(), passes=asyncio.Semaphore(2))
+        ctx = types.SimpleNamespace(registry=Registry(), passes=FairSlots(room))
         memo = types.SimpleNamespace(ctx=ctx)
         daemons = []
-        for index in range(10):
+        for namespace, name in stacks:
             stopped = Stopped()
-            daemons.append(stack_controller.stack_daemon(namespace="ns", name=f"s{index}", memo=memo, logger=None,
-                                                         body={"name": f"s{index}", "stopped": stopped},
+            daemons.append(stack_controller.stack_daemon(namespace=namespace, name=name, memo=memo, logger=None,
+                                                         body={"name": name, "stopped": stopped},
                                                          stopped=stopped))
         await asyncio.gather(*daemons)
 
     asyncio.run(fleet())
-    assert peak[0] == 2 and sorted(passes) == sorted(f"s{index}" for index in range(10))
+    return peak[0], passes
+
+
+def test_no_more_passes_in_flight_than_the_gate_allows(monkeypatch):
+    """Ten new Stacks, room for two passes: the others wait their turn, and each still gets its pass."""
+    peak, passes = _fleet_passes(monkeypatch, [("ns", f"s{index}") for index in range(10)], room=2)
+    assert peak == 2 and sorted(passes) == sorted(f"s{index}" for index in range(10))
+
+
+def test_a_namespace_with_many_stacks_does_not_keep_another_namespaces_stack_from_its_pass(monkeypatch):
+    """Team a's ten Stacks came first and take both passes; team b's one still has the next pass freed, not
+    the eleventh (a pass holds its room while its run waits for the engine: minutes behind a's)."""
+    peak, passes = _fleet_passes(monkeypatch, [*(("a", f"a{index}") for index in range(10)), ("b", "b0")], room=2)
+    assert peak == 2 and passes.index("b0") == 2, passes
 
 
 def test_every_resource_handler_runs_on_the_event_loop():

@@ -2,6 +2,7 @@
 record of which backend stack is known to exist, what a failure reports. The real CLI runs them in
 tests/engine/operator."""
 
+import base64
 import json
 import subprocess
 
@@ -166,24 +167,44 @@ def test_a_cli_too_old_for_a_flag_blocks_as_pulumi_version_too_low(tmp_path):
     assert "reason" not in failure_result(plain, _request(tmp_path))
 
 
-def test_the_update_log_is_redacted_private_and_replaced_by_the_next_run(tmp_path):
+def test_the_update_log_is_redacted_and_kept_by_the_operator_private_and_replaced_by_the_next_run(tmp_path):
+    """The worker sends its run's log back with the result (it writes nothing the operator keeps: under the
+    sandbox it could not, and a program could point such a write elsewhere); the operator writes it."""
+    from strata_operator.engine.process.executor import RESULT_PREFIX, UPDATE_LOG, keep_worker_files
+    from strata_operator.engine.process.worker import update_log
     from strata_operator.services.redaction import Redactor
-    from strata_operator.engine.process.worker import write_update_log
 
     redactor = Redactor()
     redactor.add("hunter2-canary")
-    path = tmp_path / "last-update.json"
     request = {"operation": "up", "stack_name": "org/app/dev"}
-    write_update_log(path, request, {"outcome": "failed", "message": "bad [secret]"},
-                     "error: token hunter2-canary refused\n", redactor, {"environment": 1.2, "total": 4.5})
+    result = {"outcome": "failed", "message": "bad [secret]"}
+    result["update_log"] = update_log(request, result, "error: token hunter2-canary refused\n", redactor,
+                                      {"environment": 1.2, "total": 4.5})
+    said = json.dumps(result)
+    assert "hunter2-canary" not in said and RESULT_PREFIX not in said
+    keep_worker_files(said, tmp_path / "stack", "")
+    path = tmp_path / "stack" / UPDATE_LOG
     record = json.loads(path.read_text())
     assert (record["operation"], record["stack"], record["outcome"], record["message"]) == \
         ("up", "org/app/dev", "failed", "bad [secret]")
     assert record["seconds"] == {"environment": 1.2, "total": 4.5}  # where the run's time went
     assert record["output"] == "error: token [secret] refused\n"
     assert path.stat().st_mode & 0o777 == 0o600
-    write_update_log(path, {**request, "operation": "destroy"}, {"outcome": "succeeded"}, "gone\n", redactor)
+    again = {"outcome": "succeeded"}
+    again["update_log"] = update_log({**request, "operation": "destroy"}, again, "gone\n", redactor)
+    keep_worker_files(json.dumps(again), tmp_path / "stack", "")
     assert json.loads(path.read_text())["output"] == "gone\n" and not path.with_suffix(".partial").exists()
+
+
+def test_a_saved_plan_comes_back_with_the_result_and_is_written_where_the_operator_asked(tmp_path):
+    from strata_operator.engine.process.executor import keep_worker_files
+
+    keep_worker_files(json.dumps({"outcome": "succeeded", "plan": base64.b64encode(b'{"plan": 1}').decode()}),
+                      tmp_path / "stack", str(tmp_path / "plan.json"))
+    assert (tmp_path / "plan.json").read_bytes() == b'{"plan": 1}'
+    keep_worker_files(json.dumps({"outcome": "succeeded", "plan": "not base64!"}), tmp_path / "stack",
+                      str(tmp_path / "other.json"))
+    assert not (tmp_path / "other.json").exists()
 
 
 class _FakeCli:
@@ -207,18 +228,19 @@ def _up_result(**outputs):
 
 
 def test_real_values_cost_a_cli_run_only_when_asked_and_an_output_is_secret(tmp_path, monkeypatch):
-    from strata_operator.engine.process.worker import DIGEST_KEY, with_output_values
+    from strata_operator.engine.process.executor import DIGEST_KEY, digest_key
+    from strata_operator.engine.process.worker import with_output_values
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     (tmp_path / "home").mkdir()
     cli = _FakeCli(tmp_path, {"url": "http://x", "password": "hunter2-real"})
-    request = {"stack_name": "dev", "real_outputs": True}
+    # The Stack's key, which the operator keeps and sends with each request.
+    request = {"stack_name": "dev", "real_outputs": True, "digest_key": digest_key(tmp_path / DIGEST_KEY).hex()}
     # No secret output: the event log's values are the real ones, no CLI run.
     plain = with_output_values(cli, request, str(tmp_path), _up_result(url=("http://x", False)))
     assert plain["real_outputs"] == {"url": "http://x"} and plain["outputs_digest"] and cli.runs() == []
-    assert not (tmp_path / DIGEST_KEY).exists()
     # Not asked: a secret output has no digest and the total is unknown; still no CLI run.
-    unread = with_output_values(cli, {"stack_name": "dev", "real_outputs": False}, str(tmp_path),
+    unread = with_output_values(cli, {**request, "real_outputs": False}, str(tmp_path),
                                 _up_result(url=("http://x", False), password=(None, True)))
     assert "real_outputs" not in unread and "outputs_digest" not in unread
     assert set(unread["output_digests"]) == {"url"} and cli.runs() == []
@@ -247,19 +269,21 @@ def test_a_failed_read_of_real_values_says_so_without_any_output_of_the_cli(tmp_
 
 
 def test_real_secret_values_are_registered_for_redaction_and_never_in_the_results_repr():
-    from strata_operator.engine.port import UpdateResult
-    from strata_operator.services.redaction import redact
+    from strata_operator.engine.port import UpdateResult, masked
+    from strata_operator.services.redaction import Redactor
 
-    line = json.dumps({"outcome": "succeeded",
+    line = json.dumps({"outcome": "succeeded", "message": "made s3cr3t-nested",
                        "outputs": {"url": {"value": "http://plain", "secret": False},
                                    "db": {"value": None, "secret": True}},
                        "real_outputs": {"url": "http://plain", "db": {"user": "admin", "password": "s3cr3t-nested"}},
                        "output_digests": {"url": "sha256:1"}, "outputs_digest": "sha256:t"})
-    result = UpdateResult.from_json(line, 1.0)
+    redactor = Redactor()
+    result = masked(UpdateResult.from_json(line, 1.0), redactor)
     assert result.real_outputs["db"]["password"] == "s3cr3t-nested"
     assert "s3cr3t-nested" not in repr(result) and "http://plain" in repr(result)
-    assert redact("leaked s3cr3t-nested here") == "leaked [secret] here"
-    assert redact("see http://plain") == "see http://plain", "plain outputs stay readable"
+    assert result.message == "made [secret]"
+    assert redactor.redact("leaked s3cr3t-nested here") == "leaked [secret] here"
+    assert redactor.redact("see http://plain") == "see http://plain", "plain outputs stay readable"
     assert (result.outputs_digest, result.output_digests) == ("sha256:t", {"url": "sha256:1"})
 
 

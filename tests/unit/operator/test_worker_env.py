@@ -24,7 +24,7 @@ def test_network_settings_pass_credentials_do_not(tmp_path, monkeypatch):
     assert env["PIP_INDEX_URL"] == "https://mirror.internal/simple"
     assert "AWS_SECRET_ACCESS_KEY" not in env and "PULUMI_ACCESS_TOKEN" not in env
     assert env["PULUMI_CONFIG_PASSPHRASE"] == "the stack's own"
-    assert env["HOME"] == str(tmp_path / "stacks/ns/s/home") and "PYTHONPATH" not in env
+    assert env["HOME"] == str(tmp_path / "sandboxes/ns/s/home") and "PYTHONPATH" not in env
 
 
 def test_a_home_relative_file_backend_is_the_operators_home(tmp_path, monkeypatch):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import io
+import hashlib
 import tarfile
 from pathlib import Path
 
@@ -71,7 +71,7 @@ def test_pko_workspace_template_merges_into_the_pod():
     assert {"name": "state", "mountPath": "/state"} in container["volumeMounts"]
     assert {"name": "state", "persistentVolumeClaim": {"claimName": "state"}} in spec["volumes"]
     assert {"name": "LOG", "value": "debug"} in container["env"]
-    assert container["resources"] == {"limits": {"memory": "512Mi"}}
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"memory": "512Mi"}}
     assert spec["nodeSelector"] == {"pool": "updates"}
     assert pod["metadata"]["labels"]["team"] == "alpha" and pod["metadata"]["annotations"]["note"] == "x"
 
@@ -91,7 +91,7 @@ def test_an_image_of_the_template_runs_the_updates_with_the_agent_brought_in_by_
     assert container["command"][0].startswith(BUNDLE_DIR + "/lib/ld-linux")
     assert {"name": BUNDLE_ENV, "value": BUNDLE_DIR} in container["env"]
     assert {"name": "runtime", "mountPath": BUNDLE_DIR, "readOnly": True} in container["volumeMounts"]
-    assert {"name": "runtime", "emptyDir": {}} in spec["volumes"]
+    assert {"name": "runtime", "emptyDir": {"sizeLimit": "512Mi"}} in spec["volumes"]
     # The operator's own image needs none of it.
     for same in (_pod(), _pod(template={"spec": {"image": "strata:1"}})):
         assert "initContainers" not in same["spec"] and same["spec"]["containers"][0]["command"][0] == "python"
@@ -197,9 +197,9 @@ def test_the_source_archive_depends_on_content_only(tmp_path: Path):
         (root / "sub" / "data.txt").write_text("data")
         (root / ".git").mkdir()
         (root / ".git" / "HEAD").write_text(copy)
-    first, second = source_archive(tmp_path / "a"), source_archive(tmp_path / "b")
-    assert first[1] == second[1]
-    names = tarfile.open(fileobj=io.BytesIO(first[0])).getnames()
+    first, second = (source_archive(tmp_path / copy, tmp_path / f"{copy}.tar.gz") for copy in ("a", "b"))
+    assert first == second == hashlib.sha256((tmp_path / "a.tar.gz").read_bytes()).hexdigest()
+    names = tarfile.open(tmp_path / "a.tar.gz").getnames()
     assert "Pulumi.yaml" in names and "sub/data.txt" in names and not any(".git" in n for n in names)
 
 

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from strata_operator.engine.port import UpdateResult
-from strata_operator.services.redaction import REDACTOR
+from strata_operator.services.redaction import redactor_for
 from strata_operator.sources.references import RefError
 from strata_operator.api.validation import SpecInvalid
 from strata_operator.api.auto_conditions import set_conditions
@@ -27,19 +27,29 @@ from strata_operator.sources.workspace_program import resolve_env, stack_config
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
 
+REPO, ARTIFACT = "https://git.example/app.git", "http://source-controller.flux-system/a.tar.gz"
+
+
 def test_sources_parse_and_projectinfo_bypasses_fetching():
-    assert parse_workspace({"git": {"url": "u", "ref": "main", "dir": "d"}}).source == GitSource("u", "main", "d")
-    assert parse_workspace({"flux": {"url": "u", "digest": "sha256:x"}}).source == FluxSource("u", "sha256:x")
+    assert parse_workspace({"git": {"url": REPO, "ref": "main", "dir": "d"}}).source == GitSource(REPO, "main", "d")
+    assert parse_workspace({"flux": {"url": ARTIFACT, "digest": "sha256:x"}}).source == FluxSource(ARTIFACT, "sha256:x")
     assert parse_workspace({"local": {"dir": "/p"}}).source == LocalSource("/p")
-    both = parse_workspace({"git": {"url": "u", "ref": "r"}, "projectInfo": {"name": "n", "runtime": "yaml"}})
+    both = parse_workspace({"git": {"url": REPO, "ref": "r"}, "projectInfo": {"name": "n", "runtime": "yaml"}})
     assert both.source == ProjectInfoSource("n", "yaml")
 
 
 @pytest.mark.parametrize("spec, words", [
     ({}, "spec: no program source (fix: give one of spec.git, spec.flux or spec.local)"),
     ({"git": {"url": "u", "ref": "r"}, "flux": {"url": "u", "digest": "d"}}, "spec.flux: several program sources"),
-    ({"git": {"url": "u"}}, "spec.git.ref: empty (fix: name a branch, tag or commit SHA)"),
-    ({"flux": {"url": "u"}}, "spec.flux.digest: empty"),
+    ({"git": {"url": REPO}}, "spec.git.ref: empty (fix: name a branch, tag or commit SHA)"),
+    ({"flux": {"url": ARTIFACT}}, "spec.flux.digest: empty"),
+    ({"git": {"url": "file:///srv/git/other-team.git", "ref": "main"}},
+     "spec.git.url: 'file:///srv/git/other-team.git' is a repository on the operator's own filesystem"),
+    ({"git": {"url": "/srv/git/other-team.git", "ref": "main"}}, "spec.git.url: '/srv/git/other-team.git' is a "
+                                                                  "repository on the operator's own filesystem"),
+    ({"git": {"url": "other-team", "ref": "main"}}, "spec.git.url: not a git URL"),  # git reads ./other-team
+    ({"flux": {"url": "file:///var/lib/strata/a.tar.gz", "digest": "sha256:x"}},
+     "spec.flux.url: 'file:///var/lib/strata/a.tar.gz' is not an http:// or https:// URL"),
     ({"local": {"dir": "rel"}}, "spec.local.dir: 'rel' is not an absolute path"),
     ({"local": {"dir": "/p"}, "stacks": [{"name": "dev", "config": [{"key": "k", "valueFrom": {"path": "/f"}}]}]},
      "spec.stacks[0].config[0].valueFrom.path: '/f' is a file in PKO's workspace pod"),
@@ -83,7 +93,7 @@ def test_env_from_secrets_and_configmaps_in_kubernetes_order():
     assert env.env == {"POD_NAMESPACE": "team", "POD_SA_NAME": "sa", "PULUMI_CONFIG_PASSPHRASE": "pass-9d1f",
                        "SHARED": "from-map", "PLAIN": "p", "TOKEN": "tok-7a2c", "NS": "team", "LIT": "v"}
     assert env.secret_env == {"PULUMI_CONFIG_PASSPHRASE", "TOKEN"}
-    assert REDACTOR.redact("tok-7a2c pass-9d1f") == "[secret] [secret]"
+    assert redactor_for("team").redact("tok-7a2c pass-9d1f") == "[secret] [secret]"
     missing = parse_workspace({"local": {"dir": "/p"}, "env": [
         {"name": "X", "valueFrom": {"secretKeyRef": {"name": "k", "key": "nope"}}}]})
     with pytest.raises(RefError, match=r"spec.env\[X\].valueFrom.secretKeyRef: Secret 'k' has no key 'nope'"):
@@ -100,12 +110,13 @@ def test_stack_config_paths_env_and_secrets():
         {"key": "obj", "value": {"a": [1, 2]}},
         {"key": "fromEnv", "valueFrom": {"env": "J", "json": True}},
         {"key": "pw", "secret": True, "valueFrom": {"env": "PW"}}]}]})
-    config, secret = stack_config(spec.stack("dev"), {"J": '{"x": 1}', "PW": "pw-31c4"})
+    config, secret = stack_config(spec.stack("dev"), {"J": '{"x": 1}', "PW": "pw-31c4"}, "team")
     assert config == {"kubernetes:namespace": "default", "data": {"active": True, "nums": [1, 2]},
                       "obj": {"a": [1, 2]}, "fromEnv": {"x": 1}}
     assert secret == {"pw": "pw-31c4"}
+    assert redactor_for("team").redact("pw-31c4") == "[secret]"
     with pytest.raises(RefError, match="missing value for environment variable: PW"):
-        stack_config(spec.stack("dev"), {"J": "{}"})
+        stack_config(spec.stack("dev"), {"J": "{}"}, "team")
 
 
 def test_a_backend_on_a_pod_volume_is_named():

@@ -31,8 +31,8 @@ from aiohttp import web
 
 from ...api import RESOURCES_FIELD_ENV
 from ...api.workspace_values import ConfigItem, ConfigUnavailable, MountedRefs, config_values
-from ...services.redaction import REDACTOR, install_log_redaction
-from ...sources.archive import SourceError, safe_extract
+from ...services.redaction import install_log_redaction
+from ...sources.archive import DEFAULT_MAX_SOURCE_BYTES, SOURCE_CAP_HEADER, SizeCap, SourceError, safe_extract
 from ..port import EngineUnavailable, Operation, UpdateRequest, UpdateResult
 from ..process.executor import IMAGE_PULUMI_VERSION, AutomationEngine, EngineSettings
 from ..process.memory_limit import ContainerMemory
@@ -40,7 +40,6 @@ from ..process.plugins import default_plugin_cache
 from .bundle import BUNDLE_ENV, launcher
 from .workspace_pod import RefUnavailable, resolve_in_workspace
 
-MAX_SOURCE_BYTES = 512 * 1024 * 1024
 KEEP_SOURCES = 2
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 OPERATIONS = frozenset(typing.get_args(Operation))
@@ -76,16 +75,19 @@ class Agent:
         return web.Response(status=200 if self._source_dir(request).is_dir() else 404)
 
     async def put_source(self, request: web.Request) -> web.Response:
+        """A source tarball, streamed to disk as it comes and unpacked from there, held to the operator's
+        source size cap (its SOURCE_CAP_HEADER), packed and unpacked."""
         dest = self._source_dir(request)
         if dest.is_dir():
             return web.Response(status=200)
+        cap = SizeCap(int(request.headers.get(SOURCE_CAP_HEADER, DEFAULT_MAX_SOURCE_BYTES)), "the program's source")
         digest, size = hashlib.sha256(), 0
         with tempfile.NamedTemporaryFile(dir=self.sources, suffix=".tar.gz", delete=False) as archive:
             async for chunk in request.content.iter_chunked(1 << 16):
                 size += len(chunk)
-                if size > MAX_SOURCE_BYTES:
+                if size > cap.max_bytes:
                     Path(archive.name).unlink()
-                    raise web.HTTPRequestEntityTooLarge(max_size=MAX_SOURCE_BYTES, actual_size=size)
+                    raise web.HTTPRequestEntityTooLarge(max_size=cap.max_bytes, actual_size=size)
                 digest.update(chunk)
                 archive.write(chunk)
         try:
@@ -93,7 +95,7 @@ class Agent:
                 raise web.HTTPBadRequest(text="the source does not match its digest")
             staging = Path(tempfile.mkdtemp(dir=self.sources, prefix=".staging-"))
             try:
-                await asyncio.to_thread(safe_extract, Path(archive.name), staging)
+                await asyncio.to_thread(safe_extract, Path(archive.name), staging, cap)
             except SourceError as err:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise web.HTTPBadRequest(text=str(err)) from None
@@ -143,7 +145,6 @@ class Agent:
                                                  {**(self.engine.settings.inherited_env or {}), **env})
         except (RefUnavailable, ConfigUnavailable) as err:
             return web.json_response({"result": json.loads(UpdateResult("failed", str(err)).to_json())})
-        REDACTOR.add(*item_secrets.values())
         secret_config = {**secret_config, **item_secrets}
         plan_file = ""
         if update.plan_file:
@@ -168,7 +169,8 @@ class Agent:
         return web.json_response({"cancelled": await self.engine.cancel(str(body.get("stack_key", "")))})
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self.authenticate], client_max_size=MAX_SOURCE_BYTES)
+        # client_max_size bounds the bodies read whole (a run's JSON, with its plan); uploads stream.
+        app = web.Application(middlewares=[self.authenticate], client_max_size=DEFAULT_MAX_SOURCE_BYTES)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_route("HEAD", "/sources/{digest}", self.has_source)
         app.router.add_put("/sources/{digest}", self.put_source)
@@ -196,7 +198,9 @@ def agent_engine_settings(environ: typing.Mapping[str, str], workspace: Path) ->
         # Set by the operator's image only, whose CLI is the one on PATH.
         pulumi_version=environ.get(IMAGE_PULUMI_VERSION, ""),
         container_memory=ContainerMemory("the workspace pod",
-                                         environ.get(RESOURCES_FIELD_ENV, "spec.workspaceTemplate.spec.resources")))
+                                         environ.get(RESOURCES_FIELD_ENV, "spec.workspaceTemplate.spec.resources")),
+        # The pod is the sandbox: it holds one Stack of one namespace, under that Stack's own identity.
+        trusted_namespaces=frozenset({"*"}))
 
 
 def main() -> None:

@@ -5,6 +5,11 @@ pod; a pod built from an older spec is replaced first), upload the program's sou
 has it (a deterministic tarball, named by its sha256), then ask the pod's agent to run the operation.
 What the Stack's Secrets hold never passes through here: the pod gets them from the kubelet.
 
+The tarball is packed on the operator's source threads into a file beside the source, within the
+operator's source size cap, and streamed from there to the agent (which streams it to its disk): no
+source is ever held in the operator's memory. A tarball left beside a run's source says that the
+operator died while packing or uploading it (`packed_source`: an OOM kill's recovery reads it).
+
 A pod lost mid-operation (deleted, OOM-killed, its node restarted) ends the operation as interrupted
 (`UpdateInterrupted`, retried at once); the next operation first clears what the lost run left in the
 backend, the lock it took under the pod's hostname, exactly as after an operator restart.
@@ -18,7 +23,6 @@ import dataclasses
 import functools
 import gzip
 import hashlib
-import io
 import json
 import ssl
 import tarfile
@@ -31,9 +35,12 @@ import aiohttp
 
 from ...api import AUTO_GROUP, AUTO_VERSION, GROUP, VERSION
 from ...api.status import OUT_OF_MEMORY, UPDATE_INTERRUPTED, WORKSPACE_FAILED
+from ...api.workspace_template import ReservedPlacement, template_issues
 from ...api.workspace_values import MountedRefs
 from ...services.kube import Kube
-from ...services.redaction import REDACTOR, redact
+from ...services.redaction import redactor_for
+from ...sources.archive import SOURCE_CAP_HEADER, SizeCap, SourceTooLarge, byte_size
+from ...sources.work import SourceWork
 from ..port import RUNS_AGAIN, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from ..process.executor import EngineSettings
 from .workspace_pod import (AGENT_PORT, WorkspaceCredentials, WorkspaceNames, WorkspacePodArgs, agent_started,
@@ -66,6 +73,12 @@ class WorkspaceSettings:
     tolerations: tuple[dict[str, Any], ...] = ()
     start_timeout_seconds: float = 300.0
 
+    @property
+    def reserved(self) -> ReservedPlacement:
+        """What of a pod's placement is these settings' alone: no template may set or tolerate it."""
+        return ReservedPlacement(frozenset(self.node_selector),
+                                 frozenset(str(t["key"]) for t in self.tolerations if t.get("key")))
+
 
 @dataclasses.dataclass
 class Workspace:
@@ -85,24 +98,52 @@ class Workspace:
                 "headers": {"Authorization": f"Bearer {self.token}"}}
 
 
-def source_archive(root: Path) -> tuple[bytes, str]:
-    """The source as a gzipped tarball that depends on its content only (sorted, no times or owners,
-    no .git), and its sha256: the same program is uploaded once."""
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped, tarfile.open(fileobj=zipped, mode="w") as tar:
-        for path in sorted(root.rglob("*")):
-            relative = path.relative_to(root)
-            if ".git" in relative.parts:
-                continue
-            info = tar.gettarinfo(str(path), arcname=relative.as_posix())
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            if info.isfile():
-                with open(path, "rb") as handle:
-                    tar.addfile(info, handle)
-            elif info.isdir() or info.issym():
-                tar.addfile(info)
-    data = buffer.getvalue()
-    return data, hashlib.sha256(data).hexdigest()
+def packed_source(root: Path) -> Path:
+    """Where the tarball of the source at `root` is packed for its upload: beside it, in its run's directory."""
+    return root.with_name(root.name + ".tar.gz")
+
+
+class _HashingWriter:
+    """The tarball's file as gzip writes it: hashed and counted on the way, refused beyond the cap."""
+
+    def __init__(self, out: Any, cap: SizeCap):
+        self.out, self.cap, self.size, self.sha256 = out, cap, 0, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        if self.size > self.cap.max_bytes:
+            raise self.cap.refusal("the program's source, packed for its workspace pod,")
+        self.sha256.update(data)
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def source_archive(root: Path, archive: Path, cap: SizeCap = SizeCap()) -> str:
+    """Write the source at `root` into `archive` as a gzipped tarball that depends on its content only
+    (sorted, no times or owners, no .git), file by file as it is read; its sha256, which names it (the
+    same program is uploaded once). SourceTooLarge once its files, or the tarball, pass the cap."""
+    files = 0
+    with archive.open("wb") as out:
+        written = _HashingWriter(out, cap)
+        with gzip.GzipFile(fileobj=written, mode="wb", mtime=0) as zipped, \
+                tarfile.open(fileobj=zipped, mode="w") as tar:
+            for path in sorted(root.rglob("*")):
+                relative = path.relative_to(root)
+                if ".git" in relative.parts:
+                    continue
+                info = tar.gettarinfo(str(path), arcname=relative.as_posix())
+                info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+                if info.isfile():
+                    files += info.size
+                    if files > cap.max_bytes:
+                        raise cap.refusal(f"the program's source ({byte_size(files)} of files at least)")
+                    with open(path, "rb") as handle:
+                        tar.addfile(info, handle)
+                elif info.isdir() or info.issym():
+                    tar.addfile(info)
+    return written.sha256.hexdigest()
 
 
 class PodEngine(SerializedEngine):
@@ -110,9 +151,11 @@ class PodEngine(SerializedEngine):
 
     in_workspace_pods = True
 
-    def __init__(self, settings: EngineSettings, workspace: WorkspaceSettings, kube: Kube):
+    def __init__(self, settings: EngineSettings, workspace: WorkspaceSettings, kube: Kube,
+                 sources: SourceWork | None = None):
         super().__init__(settings.concurrency)
         self.settings, self.workspace, self.kube = settings, workspace, kube
+        self.sources = sources or SourceWork()
         self._running: dict[str, Workspace] = {}
         self._known: dict[str, Workspace] = {}
         self._http: tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession] | None = None
@@ -131,7 +174,7 @@ class PodEngine(SerializedEngine):
             try:
                 await self._workspace(request)
             except WorkspaceError as err:
-                return redact(str(err))
+                return redactor_for(WorkspaceNames.of(request.stack_key).namespace).redact(str(err))
         return ""
 
     def forget(self, stack_key: str) -> None:
@@ -166,13 +209,13 @@ class PodEngine(SerializedEngine):
             self._running[request.stack_key] = workspace
             answer = await self._operate(workspace, operation, request)
         except WorkspaceError as err:
-            return UpdateResult("failed", redact(str(err)), reason=WORKSPACE_FAILED,
+            return UpdateResult("failed", str(err), reason=WORKSPACE_FAILED,
                                 duration=time.monotonic() - started)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as err:
             # Nothing ran: the pod does not answer (its node restarting, say). Retried with backoff.
             # (A connect timeout is an asyncio.TimeoutError too: caught here, not as the operation's.)
             self._known.pop(request.stack_key, None)
-            return UpdateResult("failed", redact(f"the workspace pod does not answer: {err}"),
+            return UpdateResult("failed", f"the workspace pod does not answer: {err}",
                                 reason=WORKSPACE_FAILED, duration=time.monotonic() - started)
         except asyncio.TimeoutError:
             if workspace is not None:
@@ -203,16 +246,29 @@ class PodEngine(SerializedEngine):
     async def _upload(self, workspace: Workspace, request: UpdateRequest) -> dict[str, str]:
         """The program's source in the pod (uploaded unless it has it): where the agent finds the project."""
         root = Path(request.source_root or request.project_dir)
-        data, digest = await asyncio.to_thread(source_archive, root)
-        session = self._session()
-        tls = workspace.options()
-        async with session.head(f"{workspace.address}/sources/{digest}", timeout=CONTROL_TIMEOUT, **tls) as response:
-            present = response.status == 200
-        if not present:
-            async with session.put(f"{workspace.address}/sources/{digest}", data=data, timeout=CONTROL_TIMEOUT,
-                                   **tls) as response:
-                if response.status >= 400:
-                    raise WorkspaceError(f"the workspace refused the program's source: {await response.text()}")
+        archive = packed_source(root)
+        cap = self.sources.cap("the upload to the workspace pod")
+        try:
+            digest = await self.sources.run(WorkspaceNames.of(request.stack_key).namespace, source_archive, root,
+                                            archive, cap)
+            session = self._session()
+            options = workspace.options()
+            async with session.head(f"{workspace.address}/sources/{digest}", timeout=CONTROL_TIMEOUT,
+                                    **options) as response:
+                present = response.status == 200
+            if not present:
+                # Streamed from the file (aiohttp reads it a chunk at a time); the agent holds it to the same cap.
+                options["headers"] = {**options["headers"], SOURCE_CAP_HEADER: str(cap.max_bytes)}
+                with archive.open("rb") as tarball:
+                    async with session.put(f"{workspace.address}/sources/{digest}", data=tarball,
+                                           timeout=CONTROL_TIMEOUT, **options) as response:
+                        if response.status >= 400:
+                            raise WorkspaceError(f"the workspace refused the program's source: "
+                                                 f"{await response.text()}")
+        except SourceTooLarge as err:
+            raise WorkspaceError(str(err)) from None
+        finally:
+            archive.unlink(missing_ok=True)
         return {"source": digest,
                 "subdir": Path(request.project_dir).relative_to(root).as_posix() if request.source_root else "."}
 
@@ -248,10 +304,10 @@ class PodEngine(SerializedEngine):
             self.lost_run(request.stack_key, names.pod, started_at)
         if pod is not None and last_termination(pod).startswith("OOMKilled") and restarted(pod) > workspace.restarts:
             # Run again at once, it would be killed again: a failure, retried with backoff once the limit is raised.
-            return UpdateResult("failed", redact(f"{what} during the {operation}: the workspace pod ran out of "
-                                                 f"memory; raise {names.resources_field}.limits.memory"),
+            return UpdateResult("failed", f"{what} during the {operation}: the workspace pod ran out of "
+                                          f"memory; raise {names.resources_field}.limits.memory",
                                 reason=OUT_OF_MEMORY, duration=time.monotonic() - started)
-        return UpdateResult("failed", redact(f"{what} during the {operation}{RUNS_AGAIN}"),
+        return UpdateResult("failed", f"{what} during the {operation}{RUNS_AGAIN}",
                             reason=UPDATE_INTERRUPTED, duration=time.monotonic() - started)
 
     async def _reclaim(self, request: UpdateRequest) -> None:
@@ -300,6 +356,11 @@ class PodEngine(SerializedEngine):
     def _desired_pod(self, request: UpdateRequest, owner: dict[str, Any] | None) -> dict[str, Any]:
         names = WorkspaceNames.of(request.stack_key)
         template = dict(request.workspace_template or {})
+        # The controllers stall such a spec before any run; this holds for every other way to a pod (the
+        # destroy of a Stack deleted before that check existed, a PKO Update).
+        forbidden = template_issues(template.get("spec"), names.template_field, self.workspace.reserved)
+        if forbidden:
+            raise WorkspaceError("; ".join(str(issue) for issue in forbidden))
         service_account = (request.service_account or (template.get("spec") or {}).get("serviceAccountName")
                            or names.service_account or "default")
         return build_workspace_pod(WorkspacePodArgs(
@@ -315,7 +376,7 @@ class PodEngine(SerializedEngine):
             credentials = mint_credentials(names.server_name)
             await self.kube.write_secret(names.namespace, names.agent_secret, credentials.secret_data(),
                                          build_agent_secret(names, owner, credentials)["metadata"]["labels"], owner)
-        REDACTOR.add(credentials.token)
+        redactor_for(names.namespace).add(credentials.token)
         return credentials
 
     async def _workspace(self, request: UpdateRequest) -> Workspace:

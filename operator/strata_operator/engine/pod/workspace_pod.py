@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from ...api import RESOURCES_FIELD_ENV
+from ...api.workspace_limits import CONTAINER, merged_resources, resource_layers, sized_volume
 from ...api.workspace_values import MountedRefs
 from .bundle import BUNDLE_DIR, BUNDLE_ENV, launcher
 
-CONTAINER = "pulumi"  # PKO's name: podTemplate containers of that name merge into it
 AGENT_PORT = 8443
 AGENT_DIR = "/var/run/strata/agent"
 WORKSPACE_DIR = "/workspace"
@@ -38,11 +38,13 @@ ENV_REF_PREFIX = "STRATA_ENV__"
 CONFIG_REF_PREFIX = "STRATA_CONFIG__"
 ENV_FROM_PREFIX = "STRATA_ENVFROM_{index}__"
 READINESS_PERIOD_SECONDS = 10
-DEFAULT_RESOURCES = {"requests": {"cpu": "100m", "memory": "192Mi"}, "limits": {"memory": "2Gi"}}
 RUN_AS = 65532  # the operator image's user
 # Copying the agent's runtime (bundle.py) for an image of the template's.
 BOOTSTRAP_RESOURCES = {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 CERT_VALIDITY = datetime.timedelta(days=3650)
+# The operator's emptyDirs' sizes: the workspace holds the program, its dependencies and each stack's PULUMI_HOME
+# (the plugins are the image's, linked); the runtime bundle is 89 MB (bundle.py).
+WORKSPACE_SIZE, TMP_SIZE, RUNTIME_SIZE = "4Gi", "1Gi", "512Mi"
 
 
 def config_variable(mounted: MountedRefs, key: str) -> str:
@@ -140,9 +142,14 @@ class WorkspaceNames:
         return not self.service_account
 
     @property
+    def template_field(self) -> str:
+        """The field the pod is built from (PKO's WorkspaceSpec), for messages that name its fields."""
+        return "spec" if self.is_workspace_object else "spec.workspaceTemplate.spec"
+
+    @property
     def resources_field(self) -> str:
         """The field that sets the pod's resources, for messages that say what to raise."""
-        return "spec.resources" if self.is_workspace_object else "spec.workspaceTemplate.spec.resources"
+        return f"{self.template_field}.resources"
 
     @property
     def server_name(self) -> str:
@@ -210,14 +217,23 @@ class WorkspacePodArgs:
     tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
+def secured(ours: Mapping[str, Any], theirs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A template's container securityContext over ours (container_security()): what it leaves out stays
+    hardened, and its capabilities add to our dropping of ALL (template_issues refused what `restricted`
+    forbids, a drop without ALL included)."""
+    theirs = copy.deepcopy(dict(theirs or {}))
+    capabilities = {**(ours.get("capabilities") or {}), **(theirs.get("capabilities") or {})}
+    return {**ours, **theirs, "capabilities": capabilities}
+
+
 def _merge_container(ours: dict[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
-    """A podTemplate container named `pulumi` adds to ours: mounts, env, envFrom, resources, ports."""
+    """A podTemplate container named `pulumi` adds to ours: mounts, env, envFrom, ports, its securityContext
+    over ours (its resources: merged_resources)."""
     merged = copy.deepcopy(ours)
     for field in ("volumeMounts", "env", "envFrom", "ports"):
         merged[field] = [*merged.get(field, []), *copy.deepcopy(theirs.get(field) or [])]
-    if theirs.get("resources"):
-        merged["resources"] = copy.deepcopy(theirs["resources"])
-    for field in ("workingDir", "securityContext", "lifecycle"):
+    merged["securityContext"] = secured(merged["securityContext"], theirs.get("securityContext"))
+    for field in ("workingDir", "lifecycle"):
         if theirs.get(field):
             merged[field] = copy.deepcopy(theirs[field])
     return merged
@@ -256,7 +272,7 @@ def build_workspace_pod(args: WorkspacePodArgs) -> dict[str, Any]:
         # the kubelet and their agents make 25 a second.
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": AGENT_PORT, "scheme": "HTTPS"},
                            "periodSeconds": READINESS_PERIOD_SECONDS, "failureThreshold": 3},
-        "resources": copy.deepcopy(template.get("resources") or DEFAULT_RESOURCES),
+        "resources": merged_resources(*(resources for _, resources in resource_layers(template))),
         "securityContext": container_security(),
         "volumeMounts": [{"name": "agent", "mountPath": AGENT_DIR, "readOnly": True},
                          {"name": "workspace", "mountPath": WORKSPACE_DIR},
@@ -267,13 +283,17 @@ def build_workspace_pod(args: WorkspacePodArgs) -> dict[str, Any]:
     for theirs in containers:
         if theirs.get("name") == CONTAINER:
             container = _merge_container(container, theirs)
-    sidecars = [copy.deepcopy(c) for c in containers if c.get("name") != CONTAINER]
+    # The template's own containers and init containers: allowed as `restricted` allows them
+    # (template_issues), hardened as ours where their securityContext says nothing.
+    sidecars = [{**c, "securityContext": secured(container_security(), c.get("securityContext"))}
+                for c in containers if c.get("name") != CONTAINER]
     volumes = [{"name": "agent", "secret": {"secretName": names.agent_secret, "defaultMode": 0o440}},
-               {"name": "workspace", "emptyDir": {}},
-               {"name": "tmp", "emptyDir": {}},
-               *([{"name": "runtime", "emptyDir": {}}] if foreign else []),
-               *(their_spec.pop("volumes", None) or [])]
-    init_containers = their_spec.pop("initContainers", None) or []
+               {"name": "workspace", "emptyDir": {"sizeLimit": WORKSPACE_SIZE}},
+               {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+               *([{"name": "runtime", "emptyDir": {"sizeLimit": RUNTIME_SIZE}}] if foreign else []),
+               *map(sized_volume, their_spec.pop("volumes", None) or [])]
+    init_containers = [{**c, "securityContext": secured(container_security(), c.get("securityContext"))}
+                       for c in their_spec.pop("initContainers", None) or []]
     if foreign:
         init_containers = [{
             "name": "bootstrap", "image": args.image, "imagePullPolicy": args.image_pull_policy,
@@ -296,7 +316,7 @@ def build_workspace_pod(args: WorkspacePodArgs) -> dict[str, Any]:
     if init_containers:
         spec["initContainers"] = init_containers
     if args.node_selector:
-        spec["nodeSelector"] = {**args.node_selector, **(their_spec.get("nodeSelector") or {})}
+        spec["nodeSelector"] = {**(their_spec.get("nodeSelector") or {}), **args.node_selector}
     if args.tolerations:
         spec["tolerations"] = [*map(dict, args.tolerations), *(their_spec.get("tolerations") or [])]
     metadata = pod_template.get("metadata") or {}

@@ -2,35 +2,47 @@
 
 `AutomationEngine` runs every operation in a worker process forked for it by a fork server (`python -m
 strata_operator.engine.process.worker`, which drives `pulumi.automation` against the `pulumi` CLI) so
-that no update ever runs inside the Kopf process: each worker gets its own workdir and PULUMI_HOME and
-an environment holding only that Stack's variables, under a global concurrency limit, with at most one
-operation per Stack at a time. Requests (which carry secrets) travel over the worker's socket, never
-argv or files; results come back as one line.
+that no update ever runs inside the Kopf process: each worker gets an environment holding only that
+Stack's variables, under a global concurrency limit, with at most one operation per Stack at a time.
+Namespaces the operator trusts share one fork server; every other namespace has its own, inside its
+sandbox (sandbox.py), so its programs and the workers that run them see only that namespace's files.
+Requests (which carry secrets) travel over the worker's socket, never argv or files; results come back
+as one line, and the operator writes what it keeps (the update's log, a saved plan) where no program can.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import signal
+import socket
+import struct
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import unquote
 
-from ...services.redaction import redact
+from ...api import FILE_BACKEND_ANNOTATION
+from ...api.status import EXECUTOR_CANNOT_ISOLATE
+from ...api.validation import STALLED_SPEC_INVALID
 from ..port import EngineUnavailable, Operation, SerializedEngine, UpdateRequest, UpdateResult
 from .bytecode import bytecode_cache_beside
 from .memory_limit import ContainerMemory
 from .plugins import ambient_plugin_dirs, ambient_plugins, cached_plugins, default_plugin_cache
+from .sandbox import SandboxMounts, bwrap_argv, bwrap_binary, probe, tool_paths
 from .virtualenvs import default_python_cache
 
 RESULT_PREFIX = "STRATA-RESULT "
+# struct ucred: what SCM_CREDENTIALS carries (pid, uid, gid).
+CREDENTIALS = struct.Struct("3i")
 # The operator image's record of the version of the pulumi CLI it carries (components/local/images.py).
 IMAGE_PULUMI_VERSION = "STRATA_PULUMI_VERSION"
 
@@ -85,6 +97,11 @@ class EngineSettings:
     # The container this engine runs in when it has a memory limit of its own (in-cluster operator, workspace
     # pod): an operation that fails as the kernel kills in it for that limit says so. None: on a host.
     container_memory: ContainerMemory | None = None
+    # Namespaces whose programs run unsandboxed, as the operator's own user ("*": every one; a workspace pod's
+    # agent, whose pod is the sandbox). The operator trusts its own namespace, where the platform's Stacks run.
+    trusted_namespaces: frozenset[str] = frozenset()
+    # bubblewrap, which sandboxes every other namespace (sandbox.py); empty: found on PATH.
+    bwrap: str = ""
 
     def pulumi_cli(self) -> Path:
         found = self.pulumi_command or shutil.which("pulumi", path=self.host_path) or ""
@@ -119,6 +136,44 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[3])
 
 
+# A sandboxed namespace's fork server left idle this long is stopped (its next operation starts another).
+IDLE_FORKSERVER_SECONDS = 600.0
+# Beside each Stack's operator-only files: the log of its last engine run (`strata logs stack`), and the key
+# of its secret outputs' digests (decisions/outputs.py).
+UPDATE_LOG = "last-update.json"
+DIGEST_KEY = "outputs-digest.key"
+
+
+@dataclasses.dataclass(frozen=True)
+class Domain:
+    """Whom a fork server's workers run for: the trusted namespaces together (`namespace` ""), or one other
+    namespace in its sandbox, with the file:// backend directory the platform gave it bound in."""
+
+    namespace: str = ""
+    file_backend_root: str = ""
+
+    @property
+    def sandboxed(self) -> bool:
+        return bool(self.namespace)
+
+
+@dataclasses.dataclass
+class ForkServer:
+    loop: asyncio.AbstractEventLoop
+    process: asyncio.subprocess.Process
+    socket_path: Path
+    last_used: float = dataclasses.field(default_factory=time.monotonic)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None and self.loop is asyncio.get_running_loop()
+
+    def stop(self) -> None:
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+
+
 class AutomationEngine(SerializedEngine):
     """`Engine` on the Pulumi Automation API, one forked worker process per operation."""
 
@@ -129,9 +184,10 @@ class AutomationEngine(SerializedEngine):
         self.settings = settings
         self._running: dict[str, Worker] = {}
         self._path = settings.search_path()
-        # Tuples with their event loop: pipes and locks belong to one (only tests run several loops).
-        self._forkserver: tuple[asyncio.AbstractEventLoop, asyncio.subprocess.Process, Path] | None = None
+        self._forkservers: dict[Domain, ForkServer] = {}
+        # One lock per event loop: fork servers' pipes belong to one (only tests run several loops).
         self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._sandbox_problem: str | None = None
 
     async def cancel(self, stack_key: str) -> bool:
         worker = self._running.get(stack_key)
@@ -140,21 +196,76 @@ class AutomationEngine(SerializedEngine):
         await worker.interrupt()
         return True
 
+    async def release(self, stack_key: str) -> None:
+        """The Stack is gone: so is what its programs wrote (HOME, PULUMI_HOME, virtualenvs, scratch)."""
+        shutil.rmtree(self.sandbox_dir(stack_key), ignore_errors=True)
+
+    # -- isolation ------------------------------------------------------------------------------
+    def trusts(self, namespace: str) -> bool:
+        """Whether the namespace's programs run unsandboxed, as the operator's own user."""
+        trusted = self.settings.trusted_namespaces
+        return "*" in trusted or namespace in trusted
+
+    def cannot_isolate(self, namespace: str) -> str:
+        """Why this operator cannot run the namespace's programs apart from its own files and other
+        namespaces' ("" when it can, or need not)."""
+        return "" if self.trusts(namespace) else self.sandbox_problem()
+
+    def sandbox_problem(self) -> str:
+        """Why bubblewrap cannot sandbox programs here ("" when it can): probed once, on first need."""
+        if self._sandbox_problem is None:
+            self._sandbox_problem = probe(self.settings.bwrap or bwrap_binary())
+        return self._sandbox_problem
+
+    def isolation_summary(self) -> str:
+        """One line for the operator's start: which namespaces run sandboxed, and whether they can."""
+        trusted = self.settings.trusted_namespaces
+        if "*" in trusted:
+            return "every namespace's programs run unsandboxed, as the operator's user (--trusted-namespace '*')"
+        problem = self.sandbox_problem()
+        names = ", ".join(sorted(trusted)) or "none"
+        if problem:
+            return (f"programs of {names} run as the operator's user; those of every other namespace are refused "
+                    f"(ExecutorCannotIsolate): {problem}")
+        return f"programs of {names} run as the operator's user; every other namespace's in a bubblewrap sandbox"
+
+    def _domain(self, request: UpdateRequest) -> Domain:
+        namespace = request.stack_key.split("/", 1)[0]
+        return Domain() if self.trusts(namespace) else Domain(namespace, request.file_backend_root)
+
+    # -- where a Stack's files live -------------------------------------------------------------
+    def stack_dir(self, stack_key: str) -> Path:
+        """The Stack's files only the operator writes: its runs' sources, tokens and plans, its update log."""
+        return self.settings.state_dir / "stacks" / stack_key
+
+    def sandbox_dir(self, stack_key: str) -> Path:
+        """The Stack's files its programs write: HOME, PULUMI_HOME, virtualenvs, the copy each run works in."""
+        return self.settings.state_dir / "sandboxes" / stack_key
+
     def pulumi_home(self, stack_key: str) -> Path:
-        return self.settings.state_dir / "stacks" / stack_key / "pulumi-home"
+        return self.sandbox_dir(stack_key) / "pulumi-home"
+
+    def python_cache(self, domain: Domain) -> Path:
+        """uv's cache for the domain's environments: a sandboxed namespace has its own, so no program can put a
+        file into an environment of another namespace's (a linked file is the cache's own)."""
+        cache = self.settings.python_cache
+        return cache.with_name(f"{cache.name}-namespaces") / domain.namespace if domain.sandboxed else cache
+
+    def bytecode_cache(self, domain: Domain) -> Path | None:
+        if self.settings.bytecode_cache is None:
+            return None
+        return bytecode_cache_beside(self.python_cache(domain)) if domain.sandboxed else self.settings.bytecode_cache
 
     def worker_env(self, request: UpdateRequest) -> dict[str, str]:
         """Only the Stack's own variables, what the CLI needs to start and how this host reaches the
         network (proxies, CA bundles, package indexes): no credential of the operator's."""
-        home = self.settings.state_dir / "stacks" / request.stack_key / "home"
-        home.mkdir(parents=True, exist_ok=True)
         if self.settings.inherited_env is not None:
             env = dict(self.settings.inherited_env)
         else:
             env = {name: value for name, value in os.environ.items() if name.upper() in NETWORK_SETTINGS}
         env.update({
             "PATH": self._path,
-            "HOME": str(home),
+            "HOME": str(self.sandbox_dir(request.stack_key) / "home"),
             "PULUMI_HOME": str(self.pulumi_home(request.stack_key)),
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_SKIP_CONFIRMATIONS": "true",
@@ -168,73 +279,130 @@ class AutomationEngine(SerializedEngine):
             env["PULUMI_BACKEND_URL"] = "file://" + os.path.expanduser(backend[len("file://"):])
         return env
 
-    async def _start_forkserver(self) -> None:
-        """The fork server, with a neutral environment: a Stack's own arrives with its request."""
-        neutral = self.settings.state_dir / "worker"
-        neutral.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": self._path, "HOME": str(neutral), "LANG": "C.UTF-8", "PYTHONPATH": _package_root(),
+    # -- fork servers ---------------------------------------------------------------------------
+    def _sandbox_mounts(self, domain: Domain, home: Path) -> SandboxMounts:
+        namespace = domain.namespace
+        sources = self.settings.state_dir / "stacks" / namespace
+        writable = [self.settings.state_dir / "sandboxes" / namespace, self.python_cache(domain)]
+        bytecode = self.bytecode_cache(domain)
+        if bytecode is not None:
+            writable.append(bytecode)
+        root = file_backend_directory(domain.file_backend_root)
+        if root is not None:
+            writable.append(root)
+        for directory in (sources, *writable):
+            directory.mkdir(parents=True, exist_ok=True)
+        tools = tool_paths(self._path, [self.settings.plugin_cache, *self.settings.plugin_dirs])
+        return SandboxMounts(read_only=(*tools, sources), writable=tuple(writable), workdir=home)
+
+    async def _start_forkserver(self, domain: Domain) -> ForkServer:
+        """The domain's fork server, with a neutral environment (a Stack's own arrives with its request),
+        listening on a socket the operator made where no program can reach it, handed over as a descriptor."""
+        home = (self.settings.state_dir / "sandboxes" / domain.namespace / ".worker" if domain.sandboxed
+                else self.settings.state_dir / "worker")
+        home.mkdir(parents=True, exist_ok=True)
+        env = {"PATH": self._path, "HOME": str(home), "LANG": "C.UTF-8", "PYTHONPATH": _package_root(),
                "PYTHONUNBUFFERED": "1", "PULUMI_SKIP_UPDATE_CHECK": "true"}
         if self.settings.pulumi_version:
             env[IMAGE_PULUMI_VERSION] = self.settings.pulumi_version
         # A short private directory: socket paths are limited to 107 bytes.
         socket_path = Path(tempfile.mkdtemp(prefix="strata-worker-")) / "socket"
-        process = await asyncio.create_subprocess_exec(
-            *(self.settings.python_command or (sys.executable,)), "-m", "strata_operator.engine.process.worker",
-            str(socket_path),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-            cwd=neutral, env=env, start_new_session=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(socket_path))
+        listener.listen(128)
+        command = [*(self.settings.python_command or (sys.executable,)), "-m", "strata_operator.engine.process.worker",
+                   "--listen-fd", str(listener.fileno())]
+        if domain.sandboxed:
+            command = bwrap_argv(self.settings.bwrap or bwrap_binary(), self._sandbox_mounts(domain, home), command)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, cwd=home, env=env, start_new_session=True,
+                pass_fds=(listener.fileno(),))
+        finally:
+            listener.close()  # the fork server holds it now
         assert process.stdout is not None
         said = await process.stdout.readline()
         if said.strip() != b"ready":
             rest = await process.stdout.read()
-            raise EngineUnavailable(redact(f"the worker fork server did not start: {(said + rest).decode()[-800:]}"))
-        self._forkserver = (asyncio.get_running_loop(), process, socket_path)
+            where = f" for namespace {domain.namespace}" if domain.sandboxed else ""
+            # Masked where it is shown: in the log, and in a Stack's status with its namespace's secrets.
+            raise EngineUnavailable(f"the worker fork server{where} did not start: {(said + rest).decode()[-800:]}")
+        return ForkServer(asyncio.get_running_loop(), process, socket_path)
 
-    async def start(self) -> Path:
-        """Start the fork server unless it runs (for this event loop); returns its socket."""
+    async def start(self, domain: Domain = Domain()) -> Path:
+        """Start the domain's fork server unless it runs (for this event loop); returns its socket."""
         loop = asyncio.get_running_loop()
         if self._starting is None or self._starting[0] is not loop:
             self._starting = (loop, asyncio.Lock())
         async with self._starting[1]:
-            if self._forkserver is None or self._forkserver[0] is not loop or self._forkserver[1].returncode is not None:
-                await self._start_forkserver()
-            assert self._forkserver is not None
-            return self._forkserver[2]
+            self._stop_idle(domain)
+            server = self._forkservers.get(domain)
+            if server is None or not server.alive:
+                server = self._forkservers[domain] = await self._start_forkserver(domain)
+            server.last_used = time.monotonic()
+            return server.socket_path
 
-    async def _connect(self) -> Worker:
+    def _stop_idle(self, keep: Domain) -> None:
+        """Stop the sandboxed fork servers nobody used for IDLE_FORKSERVER_SECONDS (each holds an interpreter)."""
+        now = time.monotonic()
+        for domain, server in list(self._forkservers.items()):
+            if domain != keep and domain.sandboxed and now - server.last_used > IDLE_FORKSERVER_SECONDS:
+                server.stop()
+                del self._forkservers[domain]
+
+    async def _connect(self, domain: Domain) -> Worker:
         """A fresh worker process, forked for this one operation; a fork server found dead is replaced."""
         for _ in range(2):
             try:
-                reader, writer = await asyncio.open_unix_connection(str(await self.start()), limit=2**24)
-                said = await reader.readline()
+                connection, pid = await asyncio.to_thread(_connect_worker, await self.start(domain))
             except OSError:
-                said = b""
-            if said.strip().isdigit():
-                return Worker(int(said), reader, writer)
-            self._discard_forkserver()
+                pid = 0
+            if pid:
+                reader, writer = await asyncio.open_unix_connection(sock=connection, limit=2**24)
+                return Worker(pid, reader, writer)
+            self._discard_forkserver(domain)
         raise EngineUnavailable("the worker fork server does not answer, even after a restart")
 
-    def _discard_forkserver(self) -> None:
-        if self._forkserver is not None and self._forkserver[1].returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._forkserver[1].kill()
-        self._forkserver = None
+    def _discard_forkserver(self, domain: Domain) -> None:
+        server = self._forkservers.pop(domain, None)
+        if server is not None:
+            server.stop()
+
+    # -- one operation --------------------------------------------------------------------------
+    def confinement(self, namespace: str, backend_url: str, file_backend_root: str) -> tuple[str, str] | None:
+        return confinement_issue(namespace, self.cannot_isolate(namespace), self.trusts(namespace), backend_url,
+                                 file_backend_root)
+
+    def refusal(self, request: UpdateRequest) -> UpdateResult | None:
+        """The operation, refused before anything runs, when the Stack's program cannot be confined."""
+        issue = self.confinement(request.stack_key.split("/", 1)[0], request.env.get("PULUMI_BACKEND_URL", ""),
+                                 request.file_backend_root)
+        return UpdateResult("blocked", issue[1], reason=issue[0]) if issue is not None else None
 
     async def _run_locked(self, operation: Operation, request: UpdateRequest) -> UpdateResult:
         started = time.monotonic()
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
+        domain = self._domain(request)
         memory = self.settings.container_memory
         oom_kills_before = memory.oom_kills() if memory else 0
         try:
-            worker = await self._connect()
+            worker = await self._connect(domain)
         except EngineUnavailable as err:
             return UpdateResult("failed", str(err), duration=time.monotonic() - started)
         self._running[request.stack_key] = worker
+        stack_dir = self.stack_dir(request.stack_key)
         payload = json.loads(request.to_json(operation))
         payload["worker_env"] = self.worker_env(request)
+        payload["sandbox_dir"] = str(self.sandbox_dir(request.stack_key))
         payload["plugin_cache"] = str(self.settings.plugin_cache)
         payload["plugin_dirs"] = list(self.settings.plugin_dirs)
-        payload["python_cache"] = str(self.settings.python_cache)
-        payload["bytecode_cache"] = str(self.settings.bytecode_cache) if self.settings.bytecode_cache else None
+        payload["python_cache"] = str(self.python_cache(domain))
+        bytecode = self.bytecode_cache(domain)
+        payload["bytecode_cache"] = str(bytecode) if bytecode else None
+        payload["digest_key"] = digest_key(stack_dir / DIGEST_KEY).hex()
         try:
             stdout = await asyncio.wait_for(worker.communicate(json.dumps(payload)),
                                             timeout=self.settings.timeout_seconds)
@@ -255,10 +423,109 @@ class AutomationEngine(SerializedEngine):
             # The worker died without a result (the OOM killer, a kill -9): the CLI it started runs on unwatched,
             # holding the stack's lock, or died writing to it. Stopped as a cancel stops it.
             await worker.stop()
+        if said is not None:
+            keep_worker_files(said, stack_dir, request.plan_file)
         result = _parse_worker_output(operation, said, stdout, worker.interrupted, time.monotonic() - started)
         if worker.killed:
             result = dataclasses.replace(result, lock_left=True)
         return memory.judged(operation, result, oom_kills_before) if memory else result
+
+
+def confinement_issue(namespace: str, cannot_isolate: str, trusted: bool, backend_url: str,
+                      file_backend_root: str) -> tuple[str, str] | None:
+    """(Stalled reason, message) when a Stack of `namespace` may not run under this executor: its program
+    cannot be sandboxed here, or its file:// backend is outside the directory the platform gave the namespace
+    (inside the sandbox nothing else is writable, and another team's state must stay unreachable)."""
+    if trusted:
+        return None
+    if cannot_isolate:
+        return (EXECUTOR_CANNOT_ISOLATE,
+                f"the process executor runs the programs of namespace {namespace!r} sandboxed, apart from the "
+                f"operator's files and other namespaces', and cannot here: {cannot_isolate}. Nothing of this Stack "
+                "runs unisolated; fix: run the operator with --executor pod (the Operator component's executor: "
+                f"\"pod\"), make bubblewrap work where the operator runs, or, if whoever writes Stacks in "
+                f"{namespace!r} may act as the operator itself, name it in --trusted-namespace")
+    if not backend_url.startswith("file://"):
+        return None
+    directory = file_backend_directory(backend_url)
+    root = file_backend_directory(file_backend_root) if file_backend_root else None
+    if root is not None and directory is not None and directory.is_relative_to(root):
+        return None
+    given = (f"the directory {file_backend_root} (the namespace's annotation {FILE_BACKEND_ANNOTATION})"
+             if file_backend_root else f"no directory (namespace {namespace!r} has no annotation "
+                                       f"{FILE_BACKEND_ANNOTATION})")
+    return (STALLED_SPEC_INVALID,
+            f"spec.backend (or PULUMI_BACKEND_URL): the file:// backend {backend_url!r} is not inside the file:// "
+            f"state the platform gave namespace {namespace!r}, {given}; programs of this namespace reach no other "
+            "directory of the operator's host; fix: keep the state under that directory (the platform's team "
+            "environments hand it to each team as its backend), or use an object store backend")
+
+
+def file_backend_directory(url: str) -> Path | None:
+    """The absolute directory of a file:// backend URL, or of a plain path (`~` is the operator's home, as the
+    worker reads it)."""
+    raw = unquote(url.removeprefix("file://").split("?", 1)[0])
+    if not raw:
+        return None
+    return Path(os.path.normpath(os.path.expanduser(raw)))
+
+
+def digest_key(path: Path) -> bytes:
+    """The Stack's random digest key, created private (0600) on first use; only the operator writes it."""
+    try:
+        key = path.read_bytes()
+        if len(key) == 32:
+            return key
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_bytes(32)
+    write_private(path, key)
+    return key
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`, readable by the operator's user only."""
+    partial = path.with_suffix(".partial")
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+        file.write(data)
+    partial.replace(path)
+
+
+def keep_worker_files(said: str, stack_dir: Path, plan_file: str) -> None:
+    """Write where only the operator writes what the worker sent back: its run's log (redacted by the worker)
+    and a plan it saved."""
+    try:
+        body = json.loads(said)
+    except ValueError:
+        return
+    if isinstance(body.get("update_log"), dict):
+        stack_dir.mkdir(parents=True, exist_ok=True)
+        write_private(stack_dir / UPDATE_LOG, json.dumps(body["update_log"]).encode())
+    if plan_file and isinstance(body.get("plan"), str):
+        with contextlib.suppress(ValueError):
+            Path(plan_file).write_bytes(base64.b64decode(body["plan"], validate=True))
+
+
+def _connect_worker(socket_path: Path) -> tuple[socket.socket, int]:
+    """Connect to a fork server and read the line its forked worker says first: (the connection, the
+    worker's pid as this process sees it). The pid comes in the kernel's credentials (SCM_CREDENTIALS),
+    translated out of a sandbox's own PID namespace; 0 if none came."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    connection.settimeout(30)
+    try:
+        connection.connect(str(socket_path))
+        said, ancillary, _, _ = connection.recvmsg(64, socket.CMSG_SPACE(CREDENTIALS.size))
+    except OSError:
+        connection.close()
+        raise
+    pid = next((CREDENTIALS.unpack(data)[0] for level, kind, data in ancillary
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), 0)
+    if not said.endswith(b"\n") or not pid:
+        connection.close()
+        return connection, 0
+    return connection, pid
 
 
 @dataclasses.dataclass
@@ -329,7 +596,7 @@ def _parse_worker_output(operation: Operation, said: str | None, stdout: str, in
         return UpdateResult("cancelled", f"{operation} interrupted", duration=duration)
     tail = "\n".join(stdout.strip().splitlines()[-5:])
     # Its CLI, stopped or dead, may have left the stack's lock: cleared before the next operation.
-    return UpdateResult("failed", redact(
+    return UpdateResult("failed", (
         f"the {operation}'s worker process ended without a result "
         f"{f'({tail})' if tail else '(killed: out of memory, or by hand)'}; the CLI it ran was stopped, and the lock "
         "it may have left in the backend is cleared before the stack's next operation"),

@@ -67,14 +67,15 @@ class ContainerMemory:
                    f"{self.resources_field}.limits.memory ({result.message})")
         return dataclasses.replace(result, message=message, reason=OUT_OF_MEMORY)
 
-    def killed_whole(self, pod: Mapping[str, Any], since: datetime) -> str | None:
+    def killed_whole(self, pod: Mapping[str, Any], since: datetime,
+                     during: str = "most likely for this update") -> str | None:
         """What ended a run that started at `since` in `pod` (this container's), if the kubelet reports the
-        container OOMKilled since then; None otherwise."""
+        container OOMKilled since then; None otherwise. `during`: what the container was doing for the run."""
         limit = oom_killed_limit(pod, since)
         if limit is None:
             return None
         return (f"the kernel killed {self.container} (pod {pod['metadata']['name']}) for out of memory"
-                f"{f' at its memory limit of {limit}' if limit else ''}, most likely for this update; raise "
+                f"{f' at its memory limit of {limit}' if limit else ''}, {during}; raise "
                 f"{self.resources_field}.limits.memory")
 
 

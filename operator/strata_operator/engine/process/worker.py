@@ -9,12 +9,14 @@ result line does.
 
 from __future__ import annotations
 
+import argparse
+import base64
 import contextlib
 import json
 import os
 import re
-import secrets
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +39,7 @@ from ...api.status import PULUMI_VERSION_TOO_LOW, STACK_NOT_FOUND, WORKSPACE_FAI
 from ...decisions.outputs import output_digests, outputs_digest
 from ...services.redaction import Redactor
 from .bytecode import record_imported
-from .executor import IMAGE_PULUMI_VERSION, RESULT_PREFIX
+from .executor import CREDENTIALS, IMAGE_PULUMI_VERSION, RESULT_PREFIX
 from .plugins import cached_plugins, link_plugins, missing_plugin, missing_plugin_advice
 from .virtualenvs import PythonEnvError, ensure_virtualenv
 
@@ -270,11 +272,13 @@ def _save_plan(command: auto.PulumiCommand, request: dict[str, Any], workdir: st
     """`pulumi preview --save-plan`: the plan an approval applies exactly, and what it would change."""
     targets, message = _selection(request)
     refresh = ["--refresh"] if request["refresh"] else []
-    result, _, summary = _with_event_log(command, ["preview", "--save-plan", request["plan_file"], "--non-interactive",
+    # Saved in the run's own copy and sent back with the result: the operator keeps it where no program writes.
+    plan = Path(workdir).parent / "plan.json"
+    result, _, summary = _with_event_log(command, ["preview", "--save-plan", str(plan), "--non-interactive",
                                                    "--stack", request["stack_name"], *refresh, *targets, *message],
                                          workdir)
     return {"outcome": "succeeded", "permalink": _permalink(result.stdout), "summary": summary, "outputs": {},
-            "engine_output": result.stdout + result.stderr}
+            "plan": base64.b64encode(plan.read_bytes()).decode(), "engine_output": result.stdout + result.stderr}
 
 
 def _refresh_preview(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> dict[str, Any]:
@@ -314,26 +318,6 @@ def _up(command: auto.PulumiCommand, request: dict[str, Any], workdir: str) -> d
             "engine_output": result.stdout + result.stderr}
 
 
-# Beside the Stack's HOME: the key of its secret outputs' digests (decisions/outputs.py).
-DIGEST_KEY = "outputs-digest.key"
-
-
-def _digest_key(path: Path) -> bytes:
-    """The Stack's random digest key, created private (0600) on first use."""
-    try:
-        key = path.read_bytes()
-        if len(key) == 32:
-            return key
-    except FileNotFoundError:
-        pass
-    key = secrets.token_bytes(32)
-    partial = path.with_suffix(".partial")
-    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
-        file.write(key)
-    partial.replace(path)
-    return key
-
-
 def _show_secrets(command: auto.PulumiCommand, workdir: str, stack_name: str) -> dict[str, Any]:
     """The outputs' real values (`stack output --json --show-secrets`). Run directly, not through the
     Automation API, whose errors carry the CLI's stdout: nothing of it may reach a message."""
@@ -370,7 +354,8 @@ def with_output_values(command: auto.PulumiCommand, request: dict[str, Any], wor
             real = {name: value for name, (value, _) in outputs.items()}
         if real is not None:
             result["real_outputs"] = real
-    key = _digest_key(Path(os.environ["HOME"]).parent / DIGEST_KEY) if any_secret and real is not None else b""
+    # The Stack's own key, which only the operator stores (executor.digest_key).
+    key = bytes.fromhex(request.get("digest_key") or "") if any_secret and real is not None else b""
     digests = output_digests(outputs, real, key)
     result["output_digests"] = digests
     total = outputs_digest(outputs, digests)
@@ -625,11 +610,28 @@ def _automation_operation(workspace: auto.LocalWorkspace, request: dict[str, Any
 
 
 def _enter(request: dict[str, Any]) -> None:
-    """Become this Stack's worker: its environment only (nothing of the neutral start-up one), its workdir."""
+    """Become this Stack's worker: its environment only (nothing of the neutral start-up one), its own copy of
+    the program as the working directory."""
     os.environ.clear()
     os.environ.update(request["worker_env"])
     os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
+    for directory in ("HOME", "PULUMI_HOME"):
+        os.makedirs(os.environ[directory], exist_ok=True)
+    request["project_dir"] = stage_project(request)
     os.chdir(request["project_dir"])
+
+
+def stage_project(request: dict[str, Any]) -> str:
+    """Copy the program's source (as the operator fetched it, which the run only reads) into the Stack's own
+    scratch directory, where the run writes its stack settings and the engine its event log; returns the
+    project's directory in the copy. Links are copied as links, never followed."""
+    project = Path(request["project_dir"])
+    source = Path(request.get("source_root") or project)
+    scratch = Path(request["sandbox_dir"]) / "work"
+    shutil.rmtree(scratch, ignore_errors=True)
+    staged = scratch / source.name
+    shutil.copytree(source, staged, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    return str(staged / project.relative_to(source))
 
 
 def request_redactor(request: dict[str, Any]) -> Redactor:
@@ -678,21 +680,15 @@ def failure_result(err: Exception, request: dict[str, Any]) -> dict[str, Any]:
 
 # The operations that run the engine on the stack; `strata logs stack` shows the last one's output.
 LOGGED_OPERATIONS = ("up", "preview", "refresh", "destroy")
-UPDATE_LOG = "last-update.json"
 
 
-def write_update_log(path: Path, request: dict[str, Any], result: dict[str, Any], output: str,
-                     redactor: Redactor, seconds: dict[str, float] | None = None) -> None:
-    """The engine output of this run, redacted, for `strata logs stack`, with how long it took (`seconds`:
-    in all, and the program's environment): only the operator's user may read it (mode 0600), and each
-    run replaces the previous one's."""
-    record = {"operation": request["operation"], "stack": request["stack_name"], "outcome": result["outcome"],
-              "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "message": result.get("message", ""), "seconds": seconds or {}, "output": redactor.redact(output)}
-    partial = path.with_suffix(".partial")
-    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as file:
-        json.dump(record, file)
-    partial.replace(path)
+def update_log(request: dict[str, Any], result: dict[str, Any], output: str, redactor: Redactor,
+               seconds: dict[str, float] | None = None) -> dict[str, Any]:
+    """The record of this run for `strata logs stack`: its engine output, redacted, and how long it took
+    (`seconds`: in all, and the program's environment). Sent back with the result: the operator keeps it."""
+    return {"operation": request["operation"], "stack": request["stack_name"], "outcome": result["outcome"],
+            "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "message": result.get("message", ""), "seconds": seconds or {}, "output": redactor.redact(output)}
 
 
 class LockWatchingCommand(auto.PulumiCommand):
@@ -736,10 +732,10 @@ def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[
     """Run one request as this process's only job; every failure comes back as a result, redacted."""
     redactor = request_redactor(request)
     started = time.monotonic()
-    _enter(request)
     seconds: dict[str, float] = {}
     command = LockWatchingCommand(pulumi_command)
     try:
+        _enter(request)
         result = _run(request, command, seconds)
         output = result.pop("engine_output", "")
     except Exception as err:  # noqa: BLE001 - every failure must come back as a result line
@@ -755,9 +751,8 @@ def handle(request: dict[str, Any], pulumi_command: auto.PulumiCommand) -> dict[
                              "before the stack's next operation")
     result["message"] = redactor.redact(result.get("message", ""))
     if request["operation"] in LOGGED_OPERATIONS:
-        # HOME is the Stack's own directory (executor.AutomationEngine.worker_env); the log goes beside it.
         seconds["total"] = round(time.monotonic() - started, 3)
-        write_update_log(Path(os.environ["HOME"]).parent / UPDATE_LOG, request, result, output, redactor, seconds)
+        result["update_log"] = update_log(request, result, output, redactor, seconds)
     return result
 
 
@@ -775,8 +770,10 @@ def _serve_one(conn: socket.socket, pulumi_command: auto.PulumiCommand) -> None:
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    sys.stdout.write(f"{os.getpid()}\n")
-    sys.stdout.flush()
+    # Our pid in the kernel's credentials: the operator reads it translated out of a sandbox's PID namespace.
+    pid = os.getpid()
+    conn.sendmsg([f"{pid}\n".encode()],
+                 [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, CREDENTIALS.pack(pid, os.getuid(), os.getgid()))])
     chunks = []
     while chunk := conn.recv(65536):
         chunks.append(chunk)
@@ -799,23 +796,17 @@ def pulumi_command_for(environ: Mapping[str, str]) -> auto.PulumiCommand:
     return KnownVersionPulumiCommand(known) if known else auto.PulumiCommand()
 
 
-def serve(socket_path: str) -> int:
+def serve(listen_fd: int) -> int:
     """The fork server: imports and the CLI's version probe paid once; each connection is one request,
     run in a child forked for it (milliseconds, where a new interpreter costs ~0.3 s of CPU).
 
-    This process never reads a request, so no Stack's environment or secret is ever in the memory
+    It accepts on the listening socket the operator made and handed over as a descriptor (its path is in no
+    sandbox). This process never reads a request, so no Stack's environment or secret is ever in the memory
     the children inherit. It exits when the operator goes away (its stdin closes).
     """
     os.environ.setdefault("PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK", "true")
     pulumi_command = pulumi_command_for(os.environ)
-    Path(socket_path).unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # only the operator's user may connect
-    try:
-        listener.bind(socket_path)
-    finally:
-        os.umask(old_umask)
-    listener.listen(128)
+    listener = socket.socket(fileno=listen_fd)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the operator's Ctrl-C is for the operator
     sys.stdout.write("ready\n")
@@ -827,9 +818,6 @@ def serve(socket_path: str) -> int:
             for key, _ in selector.select():
                 if key.fileobj is sys.stdin:  # EOF: the operator is gone
                     listener.close()
-                    Path(socket_path).unlink(missing_ok=True)
-                    with contextlib.suppress(OSError):
-                        Path(socket_path).parent.rmdir()
                     return 0
                 conn, _ = listener.accept()
                 if os.fork() == 0:
@@ -842,4 +830,6 @@ def serve(socket_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))
+    parser = argparse.ArgumentParser(description="The process executor's worker fork server.")
+    parser.add_argument("--listen-fd", type=int, required=True, help="the listening socket, inherited")
+    sys.exit(serve(parser.parse_args().listen_fd))
