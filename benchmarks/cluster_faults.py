@@ -40,7 +40,7 @@ from strata_components import s3
 from strata_components.local import objectstore, realnode
 from strata_components.local.images import build_operator_image, user_pulumi_install
 from strata_components.local.kube import api_client, server_side_apply
-from strata_components.local.operator_host import OPERATOR_NAMESPACE, install_operator_api
+from strata_components.local.operator_host import OPERATOR_NAMESPACE, install_operator_api, serve_namespace
 from strata_components.local.platform import LocalPlatform
 from strata_components.operator import LABELS, build_operator_objects, load_packaged_manifests
 
@@ -155,6 +155,7 @@ def create_team(cluster: Cluster, count: int, resources: int, program: str = PRO
     a Program name, its body): the first Stacks use that Program instead, created too."""
     cluster.platform.create_bucket(cluster.bucket.bucket)
     cluster.core.create_namespace({"metadata": {"name": cluster.team}})
+    serve_namespace(cluster.platform.kubeconfig_path, cluster.team, ("pod",))  # as a team environment does
     env_refs, passphrase = object_store_secret(cluster.platform, cluster.core, cluster.team)
     cluster.redact.secrets.append(passphrase)
     first_count, first_name, first_body = first or (0, "", {})

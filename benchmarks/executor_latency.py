@@ -43,7 +43,7 @@ from strata_components import s3
 from strata_components.local import objectstore
 from strata_components.local.images import build_operator_image, user_pulumi_install
 from strata_components.local.kube import api_client
-from strata_components.local.operator_host import OperatorHost, operator_host
+from strata_components.local.operator_host import OperatorHost, operator_host, serve_namespace
 
 EXECUTORS = ("process", "pod")  # the process one's operator first: its RBAC, then the pod executor's beside it
 BUCKET = "executor-latency"
@@ -77,6 +77,7 @@ def create_stack(platform, core: client.CoreV1Api, custom: client.CustomObjectsA
     which is also its stack in the shared bucket)."""
     team = namespace(executor)
     core.create_namespace({"metadata": {"name": team}})
+    serve_namespace(platform.kubeconfig_path, team)  # as a team environment does
     env_refs, _ = object_store_secret(platform, core, team)
     custom.create_namespaced_custom_object(GROUP, VERSION, team, "programs", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "Program", "metadata": {"name": PROGRAM},

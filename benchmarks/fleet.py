@@ -130,7 +130,9 @@ def floor_run(bench, program: dict, stacks: int, backends: int, concurrency: int
                                 env={"PULUMI_BACKEND_URL": backend_urls[index % backends],
                                      "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE})
         link_plugins(plugins, engine.pulumi_home(request.stack_key) / "plugins")
-        jobs.append((name, project, engine.worker_env(request)))
+        env = engine.worker_env(request)
+        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)  # as the worker makes it
+        jobs.append((name, project, env))
 
     def update(job: tuple[str, Path, dict]) -> tuple[float, float]:
         name, project, env = job

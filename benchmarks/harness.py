@@ -27,9 +27,10 @@ from strata_components.local import objectstore, realnode
 from strata_components.local.images import build_operator_image, load_image, user_pulumi_install
 from strata_components.local.kube import api_client
 from strata_components.local.processes import descendants
-from strata_components.local.operator_host import OperatorHost, operator_host
+from strata_components.local.operator_host import OperatorHost, operator_host, serve_namespace
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 from strata_components.local.toolchain import Toolchain, installed, profile_tools
+from strata_operator.api import FILE_BACKEND_ANNOTATION
 
 GROUP, VERSION = "pulumi.com", "v1"
 PASSPHRASE = "benchmark-passphrase"
@@ -363,9 +364,13 @@ def pss_tree_mb(pid: int) -> float:
     return sum(_memory_kb(child, "smaps_rollup", "Pss:") for child in descendants(pid)) / 1024
 
 
-def _team_namespace(api: client.ApiClient, namespace: str) -> None:
+def team_namespace(platform: LocalPlatform, api: client.ApiClient, namespace: str, file_backends: Path) -> None:
+    """A namespace as the platform makes a team's: served by the operator (its Roles there), its file:// state
+    in `file_backends` (the annotation the process executor's sandbox binds), a passphrase Secret."""
     core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace({"metadata": {"name": namespace,
+                                        "annotations": {FILE_BACKEND_ANNOTATION: str(file_backends)}}})
+    serve_namespace(platform.kubeconfig_path, namespace)
     core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"}, "data": {
         "passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
 
@@ -453,7 +458,7 @@ def platform_with_operator(operator_args: tuple[str, ...] = (),
                                      extra_args=(*executor_args, *operator_args))
             operator.start()
             with api_client(platform.kubeconfig_path) as api:
-                _team_namespace(api, NAMESPACE)
+                team_namespace(platform, api, NAMESPACE, scratch / "backends")
                 if pods:
                     _state_volume(api, NAMESPACE, node_state_dir(scratch, NAMESPACE))
                 yield Bench(platform, operator, api, scratch, NAMESPACE, WORKSPACE_TEMPLATE if pods else None)
@@ -490,7 +495,7 @@ def process_operator_beside(bench: Bench, namespace: str) -> Iterator[Bench]:
     operator = operator_host(bench.platform, toolchain, bench.scratch / f"operator-{namespace}",
                              extra_args=("--no-leader-election", "--namespace", namespace),
                              name=f"strata-operator-{namespace}")
-    _team_namespace(bench.api, namespace)
+    team_namespace(bench.platform, bench.api, namespace, bench.scratch / "backends")
     operator.start()
     try:
         yield Bench(bench.platform, operator, bench.api, bench.scratch, namespace, None)

@@ -113,8 +113,6 @@ async def _reconcile(session: StackSession, body: Any) -> float | None:
     if misplaced is not None:
         await session.stall(STALLED_SPEC_INVALID, str(misplaced), st.EVENT_CONFIG_INVALID)
         return None
-    if await confinement_stalled(session, resolved.env.get("PULUMI_BACKEND_URL", "")):
-        return None
     try:
         waiting = await recover_interrupted(session, spec, resolved)
     except RefError as err:
@@ -136,6 +134,10 @@ async def _reconcile(session: StackSession, body: Any) -> float | None:
                             st.EVENT_GIT_AUTH_FAILURE if auth else None)
         return poll
 
+    # Before anything is fetched or run, after the source is known to exist (PKO's order: a missing source is
+    # said first): a program that could not be kept from the operator's or other teams' files never runs.
+    if await confinement_stalled(session, resolved.env.get("PULUMI_BACKEND_URL", "")):
+        return RETRY_REFS_SECONDS  # looked at again: the platform may annotate the namespace meanwhile
     plan = plan_stack(spec, session.generation, session.requests, session.status.get("lastUpdate"), revision,
                       utc_now(), ctx.settings.stall_after_failures, ctx.settings.min_resync_seconds)
     announced = new_revision_verdict(session.status, plan, revision)
@@ -307,11 +309,14 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
                                           delay=waiting)
             project = await _destroy_project(session, spec, resolved, work, logger)
             request = await update_request(ctx, spec, namespace, name, project, resolved, work, "destroy on finalize")
-        except RefError as err:
+        except (RefError, NamespaceNotServed) as err:
+            # A terminating namespace takes the operator's Roles there too (NamespaceNotServed) with its Secrets.
             if await ctx.kube.namespace_terminating(namespace):
                 # What the destroy needs went with the namespace, and nothing new can be created in it.
                 await session.stall(st.STALLED_NAMESPACE_TERMINATING, terminating_namespace_message(
                     namespace, name, str(err), (session.status.get("lastUpdate") or {}).get("permalink", "")))
+            elif isinstance(err, NamespaceNotServed):
+                await session.stall(st.STALLED_NAMESPACE_NOT_SERVED, f"cannot destroy: {err}")
             else:
                 await session.stall(st.STALLED_DESTROY_BLOCKED, f"cannot destroy: {err}")
             raise kopf.TemporaryError(session.redactor.redact(str(err)), delay=RETRY_REFS_SECONDS) from None

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import dataclasses
 import shutil
-import tempfile
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
@@ -566,8 +565,9 @@ async def _settle_interrupted(session: StackSession, spec: StackSpec, resolved: 
     if unended:
         said_reachable(session, unended, f"the {run.kind} {run.name}'s recovery")
     outage = lost_here or bool(unended)
-    last_successful = stack_state_dir(session.ctx, session.namespace, session.name) / "last-successful"
-    project = _recovery_project(last_successful, run.project)
+    stack_dir = stack_state_dir(session.ctx, session.namespace, session.name)
+    last_successful = stack_dir / "last-successful"
+    project = _recovery_project(last_successful, run.project, stack_dir / "runs" / f"recover-{run.name}")
     try:
         request = await update_request(session.ctx, spec, session.namespace, session.name, project, resolved,
                                        project)
@@ -639,15 +639,16 @@ def outage_said_before(session: StackSession, backend: str) -> str:
     return address_name(address)
 
 
-def _recovery_project(last_successful: Path, project_name: str) -> Path:
+def _recovery_project(last_successful: Path, project_name: str, scratch: Path) -> Path:
     """A project for the recovery's CLI runs: the last successful update's, if it is the same project,
-    else an empty one of the interrupted run's name (so a stack name without a project finds its stack)."""
+    else an empty one of the interrupted run's name (so a stack name without a project finds its stack), made
+    at `scratch`, among the Stack's runs (what a sandboxed worker of its namespace may read)."""
     known = project_info(last_successful)
     if known is not None and (not project_name or known["name"] == project_name):
         return last_successful
-    empty = Path(tempfile.mkdtemp(prefix="strata-recover-"))
-    (empty / "Pulumi.yaml").write_text(yaml.safe_dump({"name": project_name or "recover", "runtime": "yaml"}))
-    return empty
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / "Pulumi.yaml").write_text(yaml.safe_dump({"name": project_name or "recover", "runtime": "yaml"}))
+    return scratch
 
 
 def _keep_last_successful(project: Path, dest: Path) -> None:

@@ -39,6 +39,7 @@ from ..sources.workspace_program import resolve_env, stack_config
 from .auto_state import (AutoState, Program, auto_event, materialised_program, patch_auto_status, state_of,
                          workspace_dir, workspace_key, workspace_request)
 from .context import owned, utc_now
+from .stack_session import file_backend_root
 
 LOG = logging.getLogger(__name__)
 # What PKO's events say, per operation: (past tense for success, verb for failure).
@@ -256,7 +257,7 @@ async def _process_request(ctx: Any, spec: UpdateSpec, ws: WorkspaceSpec, namesp
         stack_key=workspace_key(namespace, spec.workspace_name), project_dir=str(program.project), env=values,
         secret_env=tuple(sorted(env.secret_env)), config=config, secret_config=secret_config,
         secrets_provider=stack.secrets_provider if stack else "", environments=stack.environment if stack else (),
-        **options)
+        file_backend_root=await file_backend_root(ctx, namespace, values.get("PULUMI_BACKEND_URL", "")), **options)
 
 
 async def _write_outputs(ctx: Any, body: Any, result: UpdateResult) -> str | None:

@@ -45,7 +45,7 @@ outputs:
 def engine(tmp_path, monkeypatch):
     if not PULUMI.exists() or not YAML_HOST.exists():
         pytest.fail(f"toolchain missing: build it with `make setup` ({PULUMI}, {YAML_HOST})")
-    # Every namespace trusted: these tests are about the engine's operations; test_sandbox.py runs them sandboxed.
+    # Every namespace trusted: these tests are about the engine's operations; test_sandbox_attacks.py runs them sandboxed.
     return AutomationEngine(EngineSettings(pulumi_command=str(PULUMI), plugin_dirs=(str(YAML_HOST),),
                                            state_dir=tmp_path / "state", trusted_namespaces=frozenset({"*"})))
 

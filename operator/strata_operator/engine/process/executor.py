@@ -282,7 +282,8 @@ class AutomationEngine(SerializedEngine):
     # -- fork servers ---------------------------------------------------------------------------
     def _sandbox_mounts(self, domain: Domain, home: Path) -> SandboxMounts:
         namespace = domain.namespace
-        sources = self.settings.state_dir / "stacks" / namespace
+        # What the operator fetched for the namespace's Stacks and PKO Workspaces (their runs' sources, tokens).
+        sources = [self.settings.state_dir / kind / namespace for kind in ("stacks", "workspaces")]
         writable = [self.settings.state_dir / "sandboxes" / namespace, self.python_cache(domain)]
         bytecode = self.bytecode_cache(domain)
         if bytecode is not None:
@@ -290,10 +291,10 @@ class AutomationEngine(SerializedEngine):
         root = file_backend_directory(domain.file_backend_root)
         if root is not None:
             writable.append(root)
-        for directory in (sources, *writable):
+        for directory in (*sources, *writable):
             directory.mkdir(parents=True, exist_ok=True)
         tools = tool_paths(self._path, [self.settings.plugin_cache, *self.settings.plugin_dirs])
-        return SandboxMounts(read_only=(*tools, sources), writable=tuple(writable), workdir=home)
+        return SandboxMounts(read_only=(*tools, *sources), writable=tuple(writable), workdir=home)
 
     async def _start_forkserver(self, domain: Domain) -> ForkServer:
         """The domain's fork server, with a neutral environment (a Stack's own arrives with its request),

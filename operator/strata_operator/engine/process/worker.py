@@ -631,6 +631,11 @@ def stage_project(request: dict[str, Any]) -> str:
     shutil.rmtree(scratch, ignore_errors=True)
     staged = scratch / source.name
     shutil.copytree(source, staged, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    kubeconfig = Path(os.environ.get("KUBECONFIG", ""))
+    if kubeconfig.parent == source.parent and kubeconfig.is_file():
+        # The run's layout, as the operator made it: the identity's kubeconfig beside the source.
+        shutil.copy2(kubeconfig, scratch / kubeconfig.name)
+        os.environ["KUBECONFIG"] = str(scratch / kubeconfig.name)
     return str(staged / project.relative_to(source))
 
 
