@@ -162,9 +162,14 @@ def _wait_ready(custom: client.CustomObjectsApi, namespace: str, name: str, time
 
 
 def _stack_base(core: client.CoreV1Api, namespace: str) -> dict:
-    """The spec every Stack here shares: a file backend inside the operator's pod, a passphrase Secret."""
-    core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"},
-                                              "data": {"passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
+    """The spec every Stack here shares: a file backend inside the operator's pod, a passphrase Secret (made once
+    per namespace: the trusted one is the module's)."""
+    try:
+        core.create_namespaced_secret(namespace, {"metadata": {"name": "pulumi"}, "data": {
+            "passphrase": base64.b64encode(PASSPHRASE.encode()).decode()}})
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
     return {"stack": "dev", "backend": f"file:///home/strata/state/backends/{namespace}",
             "envRefs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret", "secret": {"name": "pulumi",
                                                                                  "key": "passphrase"}}}}

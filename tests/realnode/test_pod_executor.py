@@ -692,8 +692,9 @@ def test_a_template_asking_for_the_node_gets_no_pod_and_the_namespace_refuses_su
         core.create_namespaced_pod(namespace, {"metadata": {"name": "node-root"}, "spec": {
             "hostPID": True, "nodeName": "real-0",
             "containers": [{"name": "root", "image": realnode.PAUSE_IMAGE, "securityContext": {"privileged": True}}]}})
-    assert refused.value.status == 403 and "violates PodSecurity \"restricted:latest\"" in refused.value.body
-    assert _ready(_stack(custom, namespace))
+    assert refused.value.status == 403 and "violates PodSecurity" in refused.value.body
+    assert "restricted:latest" in refused.value.body
+    _wait(custom, namespace, _ready, "alpha's app Ready beside it")
     custom.delete_namespaced_custom_object("pulumi.com", "v1", namespace, "stacks", "root")
 
 

@@ -24,9 +24,9 @@ CASE_MAX_BYTES = 1024 * 1024
 OUTSIDE = "/tmp/strata-crafted-archive-pwned"  # what an absolute name or a link to / would write
 
 Member = tuple[tarfile.TarInfo, bytes | None]
-# A refusal: a SourceError whose message contains this text (it names the entry); or an archive that
-# unpacks: these paths under the destination (read through its links) hold these bytes.
-Expected = str | dict[str, bytes]
+# A refusal: a SourceError whose message contains this text (it names the entry), or one of these texts; or an
+# archive that unpacks: these paths under the destination (read through its links) hold these bytes.
+Expected = str | tuple[str, ...] | dict[str, bytes]
 
 
 def _file(name: str, data: bytes, mode: int = 0o644) -> Member:
@@ -109,8 +109,9 @@ def crafted_archive_cases() -> dict[str, tuple[bytes, Expected]]:
                                "archive entry 'a/../../sentinel/pwned' escapes"),
         "device": (_tarball(_entry("null", tarfile.CHRTYPE)), "archive entry 'null' is a device or fifo"),
         "fifo": (_tarball(_entry("pipe", tarfile.FIFOTYPE)), "archive entry 'pipe' is a device or fifo"),
+        # Debian's Python 3.11.2 (the operator image's) refuses the header itself, before the size is read.
         "negative-size": (gzip.compress(_header(liar, b"\xff" * 12) + b"data".ljust(512, b"\0") + end),
-                          "archive entry 'liar' has a size of -1 bytes"),
+                          ("archive entry 'liar' has a size of -1 bytes", "artifact is not a readable tarball")),
         "directory-claims-data": (gzip.compress(_header(claims_data) + b"\0" * claims_data.size + end),
                                   "archive entry 'dir' has a size of 10485760 bytes"),
         "size-beyond-the-data": (gzip.compress(_header(big) + b"x" * 100), "(entry 'big'): unexpected end of data"),
@@ -138,13 +139,14 @@ def check_case(data: bytes, expected: Expected, workdir: Path) -> list[str]:
     problems = []
     try:
         safe_extract(archive, dest, SizeCap(CASE_MAX_BYTES))
-        if isinstance(expected, str):
+        if not isinstance(expected, dict):
             problems.append(f"unpacked, expected a refusal saying {expected!r}")
         else:
             problems += [f"{path}: {(dest / path).read_bytes()!r} != {content!r}"
                          for path, content in expected.items() if (dest / path).read_bytes() != content]
     except SourceError as err:
-        if not isinstance(expected, str) or expected not in str(err):
+        said = (expected,) if isinstance(expected, str) else expected
+        if isinstance(said, dict) or not any(text in str(err) for text in said):
             problems.append(f"refused with {str(err)!r}, expected {expected!r}")
         if list(dest.iterdir()):
             problems.append(f"refused but left {sorted(p.name for p in dest.iterdir())} in the destination")

@@ -132,9 +132,10 @@ class Agent:
             copy = self.workspace / "local"
             shutil.rmtree(copy, ignore_errors=True)
             await asyncio.to_thread(shutil.copytree, project, copy)
-            project = copy
+            project = source_root = copy
         else:
-            project = self.sources / str(body.get("source", "")) / str(body.get("subdir", "."))
+            source_root = self.sources / str(body.get("source", ""))
+            project = source_root / str(body.get("subdir", "."))
             if not _DIGEST.match(str(body.get("source", ""))) or not project.is_dir() \
                     or not project.resolve().is_relative_to(self.sources.resolve()):
                 return web.json_response({"error": "source missing: upload it first"}, status=409)
@@ -155,7 +156,8 @@ class Agent:
             if body.get("plan"):
                 Path(plan_file).write_bytes(base64.b64decode(body["plan"]))
         update = dataclasses.replace(
-            update, project_dir=str(project), env=env, config={**update.config, **config},
+            update, project_dir=str(project), source_root=str(source_root), env=env,
+            config={**update.config, **config},
             secret_config={**update.secret_config, **secret_config},
             secret_env=tuple(sorted({*update.secret_env, *secret_env})), plan_file=plan_file, mounted={})
         result = await self.engine.run(operation, update)
