@@ -57,6 +57,8 @@ CONTROLLER_PORTS = {"strata-operator": ("operator_metrics", "operator_health")}
 PORTS = tuple(port for ports in (*PROCESS_PORTS.values(), *CONTROLLER_PORTS.values()) for port in ports)
 # Started one by one, each once the one before answers; every other process needs only the API server.
 CONTROL_PLANE = ("etcd", "kube-apiserver")
+# Started beside real nodes and stopped with them (kube-proxy's chains are among what `down` undoes).
+NODE_SIDE_PROCESSES = (cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS, objectstore.PROCESS)
 HOST_CONTROLLERS = ("source-controller", "kustomize-controller", "notification-controller")
 # What `strata local up` and the Cluster component run unless told otherwise.
 DEFAULT_HOST_CONTROLLERS = ("source-controller", "kustomize-controller")
@@ -525,8 +527,8 @@ class LocalPlatform:
         if too_long:
             raise PlatformError(f"real nodes cannot start here: {too_long}")
         started = time.monotonic()
-        realnode.record_host(self.state)
         try:
+            realnode.claim_host(self.state, self.run_dir, say, extra_processes=NODE_SIDE_PROCESSES)
             realnode.ensure_bridge()
             pause = build_pause_image(say)
         except (realnode.RealNodeError, ImageError) as error:
@@ -678,7 +680,7 @@ class LocalPlatform:
         started = time.monotonic()
         server_side_apply(self.kubeconfig_path, [cluster_addons.build_apiserver_endpoints(ports["apiserver"])])
         forwarding = Path("/proc/sys/net/ipv4/ip_forward")
-        if forwarding.read_text().strip() != "1":  # restored by `down` (recorded in nodes/host.json)
+        if forwarding.read_text().strip() != "1":  # restored by `down` (recorded in realnode.HOST_RECORD)
             forwarding.write_text("1")
         try:  # removed by `down` with the other chains added since the record
             cluster_addons.ensure_pod_egress()
@@ -787,9 +789,7 @@ class LocalPlatform:
 
     def down(self, say: Say = stderr_say) -> list[str]:
         """Stop every process of the platform (reverse start order); returns the names that were running."""
-        stopped = realnode.stop_nodes(self.state, self.run_dir, say,
-                                      extra_processes=(cluster_addons.KUBE_PROXY_PROCESS, registry.PROCESS,
-                                                       objectstore.PROCESS))
+        stopped = realnode.stop_nodes(self.state, self.run_dir, say, extra_processes=NODE_SIDE_PROCESSES)
         names = list(reversed(PROCESS_PORTS))
         for extra in sorted(self.run_dir.glob("*.json")) if self.run_dir.exists() else []:
             if extra.stem not in names:

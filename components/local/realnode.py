@@ -2,7 +2,9 @@
 
 Opt-in (`strata local up --real-nodes N`): kwok stays the default because its nodes cost nothing.
 A real node needs root and changes the host; `stop_nodes` undoes every change, recorded in
-`nodes/host.json` before the first node starts:
+/run/strata/host.json (HOST_RECORD) before the first node starts. One platform at a time runs real nodes on a
+host; the record names it, so that the next one undoes what a killed platform left (a stale bridge, chains
+and network namespaces would break its pods' networking) before it records the host afresh:
 - a bridge `strata0` holding the pods' gateway 10.88.0.1/16 (also the nodes' InternalIP) and
   10.96.0.1, the `kubernetes` Service's address: there is no kube-proxy, so the node gateway process
   forwards that address to the apiserver on loopback and in-cluster clients work unchanged;
@@ -12,7 +14,8 @@ A real node needs root and changes the host; `stop_nodes` undoes every change, r
   cluster profile's masquerade of the pods' egress (STRATA-POD-EGRESS, cluster_addons.py);
 - the sysctls kubelet sets (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) and
   net.ipv4.ip_forward (set for kube-proxy in the cluster profile, cluster_addons.py): restored;
-- /var/lib/kubelet, /var/log/containers and /var/log/pods, where kubelet creates them.
+- /var/lib/kubelet, /var/log/containers and /var/log/pods, where kubelet creates them;
+- the pods' network namespaces (/run/netns/cni-*), which outlive pods whose containerd was killed.
 Real nodes carry the taint `strata.dev/real-node=true:NoSchedule`: workloads written for kwok keep
 landing on kwok, and a pod that must run says so with a toleration and the `type: real` node label.
 """
@@ -52,6 +55,9 @@ FORWARDING_SYSCTL = "net.ipv4.ip_forward"  # Service traffic between pods is rou
 RECORDED_SYSCTLS = (*KUBELET_SYSCTLS, FORWARDING_SYSCTL)
 IPTABLES = ("iptables", "ip6tables")
 HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods")
+NETNS_DIR = Path("/run/netns")
+POD_NETNS_PREFIX = "cni-"  # how the CNI plugins name a pod's network namespace
+HOST_RECORD = Path("/run/strata/host.json")  # in /run: gone on reboot, as every change it records is
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # A real node's runtime and network, plus what builds images for it (mmdebstrap; gcc for the pause image),
 # the headless browser the console's integration test drives (with a font for its screenshots), and the
@@ -281,17 +287,31 @@ def _read_sysctl(name: str) -> str:
     return Path("/proc/sys", *name.split(".")).read_text().strip()
 
 
-def record_host(state: Path) -> dict:
-    """What the host looks like before any real node starts (kept until the last one stops)."""
-    record_file = state / "nodes" / "host.json"
-    if record_file.exists():
-        return json.loads(record_file.read_text())
-    record = {"sysctls": {name: _read_sysctl(name) for name in RECORDED_SYSCTLS},
+def pod_network_namespaces() -> list[str]:
+    return sorted(p.name for p in NETNS_DIR.glob(f"{POD_NETNS_PREFIX}*")) if NETNS_DIR.is_dir() else []
+
+
+def claim_host(state: Path, run_dir: Path, say, extra_processes: tuple[str, ...] = ()) -> None:
+    """Record what the host looks like before this platform's first real node starts (kept until its last one
+    stops). Refused while another platform's real nodes run; the record of one that no longer runs (killed
+    with its nodes, as a machine's session end kills every process) is undone first."""
+    if HOST_RECORD.exists():
+        record = json.loads(HOST_RECORD.read_text())
+        if record["owner"] == str(state):
+            return
+        owner, owner_run_dir = Path(record["owner"]), Path(record["run_dir"])
+        if processes.running_pid(owner_run_dir, GATEWAY_PROCESS) is not None:
+            raise RealNodeError(f"another local platform on this host runs real nodes (its state: {owner}); they "
+                                f"share the host's pod bridge: stop it first (strata local down --state-dir {owner}), "
+                                "or start this one without --real-nodes")
+        say(f"  undoing what the real nodes of a platform that no longer runs left on the host (its state: {owner})")
+        stop_nodes(owner, owner_run_dir, say, extra_processes)
+    record = {"owner": str(state), "run_dir": str(run_dir),
+              "sysctls": {name: _read_sysctl(name) for name in RECORDED_SYSCTLS},
               **{binary: _iptables_chains(binary) for binary in IPTABLES},
-              "dirs": [path for path in HOST_DIRS if Path(path).exists()]}
-    record_file.parent.mkdir(parents=True, exist_ok=True)
-    record_file.write_text(json.dumps(record, indent=1))
-    return record
+              "dirs": [path for path in HOST_DIRS if Path(path).exists()], "netns": pod_network_namespaces()}
+    HOST_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    HOST_RECORD.write_text(json.dumps(record, indent=1))
 
 
 def ensure_bridge() -> None:
@@ -397,18 +417,21 @@ def _remove_added_chains(binary: str, before: dict[str, list[str]]) -> list[str]
 
 
 def restore_host(state: Path) -> list[str]:
-    """Undo what the nodes changed on the host; returns what could not be undone."""
-    record_file = state / "nodes" / "host.json"
-    if not record_file.exists():
+    """Undo what the nodes of the platform in `state` changed on the host; returns what could not be undone."""
+    if not HOST_RECORD.exists():
         return []
-    record = json.loads(record_file.read_text())
+    record = json.loads(HOST_RECORD.read_text())
+    if record["owner"] != str(state):
+        return []
     left = []
     for name, value in record["sysctls"].items():
         if _read_sysctl(name) != value and not _succeeds("sysctl", "-q", "-w", f"{name}={value}"):
             left.append(f"sysctl {name} (was {value})")
     for binary in IPTABLES:
-        if binary in record:  # a record without it predates its use: nothing of it to undo
-            left += _remove_added_chains(binary, record[binary])
+        left += _remove_added_chains(binary, record[binary])
+    for netns in sorted(set(pod_network_namespaces()) - set(record["netns"])):
+        if not _succeeds("ip", "netns", "delete", netns):
+            left.append(f"network namespace {netns}")
     if Path(f"/sys/class/net/{BRIDGE}").exists() and not _succeeds("ip", "link", "delete", BRIDGE):
         left.append(f"network bridge {BRIDGE}")
     for path in HOST_DIRS:
@@ -417,7 +440,7 @@ def restore_host(state: Path) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             if Path(path).exists():
                 left.append(path)
-    record_file.unlink()
+    HOST_RECORD.unlink()
     return left
 
 
@@ -502,8 +525,6 @@ def stop_nodes(state: Path, run_dir: Path, say, extra_processes: tuple[str, ...]
         unmount_under(node.directory)
         remove_cgroups(node)
         shutil.rmtree(node.runtime_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            node.runtime_dir.parent.rmdir()  # /run/strata, when no other platform's node uses it
         say(f"  stopped real node {node.name} ({killed} container process(es) killed)")
     for name in (*extra_processes, GATEWAY_PROCESS):
         if processes.stop(run_dir, name):
@@ -511,4 +532,6 @@ def stop_nodes(state: Path, run_dir: Path, say, extra_processes: tuple[str, ...]
     left = restore_host(state)
     if left:
         say(f"  could not undo on the host: {', '.join(left)}")
+    with contextlib.suppress(OSError):
+        HOST_RECORD.parent.rmdir()  # /run/strata, when nothing of another platform is in it
     return stopped

@@ -14,9 +14,10 @@ from kubernetes import client
 
 from strata_components.local import objectstore, processes, realnode
 from strata_components.local.images import build_operator_image, user_pulumi_install
-from strata_components.local.operator_host import operator_host
+from strata_components.local.operator_host import operator_host, serve_namespace
 from strata_components.local.platform import LocalPlatform, PlatformConfig
 from strata_components.local.toolchain import Toolchain
+from strata_components.team import POD_SECURITY_LABELS
 
 from ..realnode.conftest import wait_phase  # noqa: F401 - this tier's tests take it from here
 
@@ -55,7 +56,9 @@ def on_node(name: str, **spec) -> dict:
 def pod_operator(platform, toolchain, kube_client, python_image, tmp_path_factory) -> Iterator[str]:
     """The operator on the host with `--executor pod`, its workspace image pulled from the registry."""
     namespace = f"s3-pod-{uuid.uuid4().hex[:5]}"
-    client.CoreV1Api(kube_client).create_namespace({"metadata": {"name": namespace}})
+    # As the platform makes a team's: Pod Security restricted, served by the operator.
+    client.CoreV1Api(kube_client).create_namespace({"metadata": {"name": namespace, "labels": POD_SECURITY_LABELS}})
+    serve_namespace(platform.kubeconfig_path, namespace, ("pod",))
     toleration = realnode.TOLERATION
     host = operator_host(platform, toolchain, tmp_path_factory.mktemp("s3-operator"), executor="pod", extra_args=(
         "--executor", "pod", "--workspace-image", python_image, "--workspace-image-pull-policy", "IfNotPresent",

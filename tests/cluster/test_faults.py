@@ -26,9 +26,10 @@ from kubernetes import client
 from strata_components import s3
 from strata_components.local import objectstore, processes, realnode
 from strata_components.local.kube import server_side_apply
-from strata_components.local.operator_host import OPERATOR_NAMESPACE, install_operator_api
+from strata_components.local.operator_host import OPERATOR_NAMESPACE, install_operator_api, serve_namespace
 from strata_components.local.platform import LocalPlatform
 from strata_components.operator import LABELS, PROCESS_NAME, build_operator_objects, load_packaged_manifests
+from strata_components.team import POD_SECURITY_LABELS
 
 from .conftest import object_store_env_refs
 
@@ -143,8 +144,9 @@ def fleet(platform: LocalPlatform, kube_client, python_image: str) -> Iterator[F
     core = client.CoreV1Api(kube_client)
     suffix = uuid.uuid4().hex[:5]
     namespace, bucket = f"faults-{suffix}", f"faults-{suffix}"
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace({"metadata": {"name": namespace, "labels": POD_SECURITY_LABELS}})
     install_operator_api(platform.kubeconfig_path, executor="pod")
+    serve_namespace(platform.kubeconfig_path, namespace, ("pod",))  # as a team environment does
     placement = {"node_selector": dict(realnode.NODE_LABEL), "tolerations": [dict(realnode.TOLERATION)]}
     server_side_apply(platform.kubeconfig_path, build_operator_objects({
         "provider": None, "mode": "in-cluster", "image": python_image, "image_pull_policy": "IfNotPresent",

@@ -20,6 +20,7 @@ def _host_view() -> dict:
         "sysctls": {name: realnode._read_sysctl(name) for name in realnode.RECORDED_SYSCTLS},
         "bridge": Path(f"/sys/class/net/{realnode.BRIDGE}").exists(),
         **{binary: realnode._iptables_chains(binary) for binary in realnode.IPTABLES},
+        "netns": realnode.pod_network_namespaces(),
         "processes": subprocess.run(["pgrep", "-f", "kube-proxy|kubelet|/run/strata/"], capture_output=True,
                                     text=True, check=False).stdout.split(),
     }
@@ -27,7 +28,7 @@ def _host_view() -> dict:
 
 def test_down_undoes_the_hosts_changes_and_up_brings_back_the_registry_with_its_images(
         platform: LocalPlatform, python_image, kube_client, namespace, nodes):
-    record = json.loads((platform.state / "nodes" / "host.json").read_text())
+    record = json.loads(realnode.HOST_RECORD.read_text())
     running = _host_view()
     assert running["sysctls"][realnode.FORWARDING_SYSCTL] == "1"
     assert {"KUBE-SERVICES", cluster_addons.POD_EGRESS_CHAIN} <= set(running["iptables"]["nat"]), running["iptables"]
@@ -35,8 +36,8 @@ def test_down_undoes_the_hosts_changes_and_up_brings_back_the_registry_with_its_
     platform.down(say=print)
     try:
         assert _host_view() == {"sysctls": record["sysctls"], "bridge": False, "iptables": record["iptables"],
-                                "ip6tables": record["ip6tables"], "processes": []}
-        assert not (platform.state / "nodes" / "host.json").exists()
+                                "ip6tables": record["ip6tables"], "netns": record["netns"], "processes": []}
+        assert not realnode.HOST_RECORD.exists()
         assert not platform.status()[registry.PROCESS]
     finally:
         platform.up(say=print)  # the session's platform, for whatever runs after

@@ -5,12 +5,14 @@ leaves the host as it found it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
 from kubernetes import client
 
-from strata_components.local import realnode
+from strata_components.local import processes, realnode
 from strata_components.local.platform import LocalPlatform
 
 from .conftest import real_node_pod_spec, wait_phase
@@ -60,6 +62,7 @@ def _host_view(node: realnode.RealNode) -> dict:
         "cgroups": [str(h) for h in Path("/sys/fs/cgroup").iterdir() if (h / node.cgroup_root.lstrip("/")).exists()],
         "host_dirs": [d for d in realnode.HOST_DIRS if Path(d).exists()],
         "iptables_chains": realnode._iptables_chains(),
+        "netns": realnode.pod_network_namespaces(),
         "processes": subprocess.run(["pgrep", "-f", f"{node.name}|{node.runtime_dir}"], capture_output=True,
                                     text=True, check=False).stdout.split(),
     }
@@ -67,7 +70,7 @@ def _host_view(node: realnode.RealNode) -> dict:
 
 def test_down_undoes_what_the_node_changed_on_the_host(platform: LocalPlatform, node, kube_client, namespace,
                                                        operator_image):
-    record = json.loads((platform.state / "nodes" / "host.json").read_text())
+    record = json.loads(realnode.HOST_RECORD.read_text())
     core = client.CoreV1Api(kube_client)
     core.create_namespaced_pod(namespace, {"metadata": {"name": "busy"}, "spec": real_node_pod_spec(
         containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
@@ -80,7 +83,36 @@ def test_down_undoes_what_the_node_changed_on_the_host(platform: LocalPlatform, 
     after = _host_view(node)
     try:
         assert after == {"sysctls": record["sysctls"], "bridge": False, "mounts": [], "cgroups": [],
-                         "host_dirs": record["dirs"], "iptables_chains": record["iptables"], "processes": []}
-        assert not (platform.state / "nodes" / "host.json").exists()
+                         "host_dirs": record["dirs"], "iptables_chains": record["iptables"], "netns": record["netns"], "processes": []}
+        assert not realnode.HOST_RECORD.exists()
+    finally:
+        platform.up(say=print)  # the session's platform, for whatever runs after
+
+
+def test_a_platform_killed_with_its_node_leaves_nothing_the_next_one_does_not_undo(
+        platform: LocalPlatform, node, kube_client, namespace, operator_image, tmp_path):
+    """As a machine's session end kills every process: the bridge, kubelet's chains, mounts and the pods'
+    network namespaces stay behind, and a later platform's pods would share the bridge with stale ones
+    holding their addresses. The next platform to start real nodes undoes them first."""
+    record = json.loads(realnode.HOST_RECORD.read_text())
+    core = client.CoreV1Api(kube_client)
+    core.create_namespaced_pod(namespace, {"metadata": {"name": "killed"}, "spec": real_node_pod_spec(
+        containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
+                     "command": ["sleep", "3600"]}])})
+    wait_phase(core, namespace, "killed", {"Running"}, timeout=90)
+    for name in (f"kubelet-{node.name}", f"containerd-{node.name}", realnode.GATEWAY_PROCESS):
+        os.kill(processes.running_pid(platform.run_dir, name), signal.SIGKILL)
+    realnode.kill_containers(node)
+    left = _host_view(node)
+    assert left["bridge"] and left["mounts"] and set(left["netns"]) - set(record["netns"]), left
+
+    try:
+        realnode.claim_host(tmp_path, tmp_path / "run", print)
+        assert _host_view(node) == {
+            "sysctls": record["sysctls"], "bridge": False, "mounts": [], "cgroups": [], "host_dirs": record["dirs"],
+            "iptables_chains": record["iptables"], "netns": record["netns"], "processes": []}
+        assert json.loads(realnode.HOST_RECORD.read_text())["owner"] == str(tmp_path)
+        realnode.stop_nodes(tmp_path, tmp_path / "run", print)
+        assert not realnode.HOST_RECORD.exists()
     finally:
         platform.up(say=print)  # the session's platform, for whatever runs after

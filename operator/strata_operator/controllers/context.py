@@ -20,7 +20,7 @@ from ..engine.pod.executor import WorkspaceSettings
 from ..engine.port import Engine
 from ..engine.process.executor import EngineSettings
 from ..services.fair_slots import FairSlots
-from ..services.kube import Kube
+from ..services.kube import Kube, NamespaceNotServed
 from ..services.metrics import MetricsServing
 from ..sources.archive import DEFAULT_MAX_SOURCE_BYTES
 from ..sources.work import SourceWork
@@ -148,3 +148,13 @@ def utc_now() -> datetime:
 
 def stack_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
+
+
+async def release(ctx: Context, namespace: str, key: str) -> None:
+    """What the executor kept for an object beyond its owner's life (a workspace pod, its Secret), removed; in a
+    terminating namespace, whose deletion takes the operator's Roles there, that deletion removes them itself."""
+    try:
+        await ctx.engine.release(key)
+    except NamespaceNotServed:
+        if not await ctx.kube.namespace_terminating(namespace):
+            raise

@@ -36,7 +36,8 @@ from ..services.redaction import LOG_REDACTOR
 from ..sources.archive import SourceError
 from ..sources.flux import SourceNotReady
 from ..sources.references import RefError, Resolved, resolve_stack
-from .context import RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, stack_key, utc_now, woken
+from .context import (RETRY_REFS_SECONDS, Context, Registry, Watched, in_shard, intent, release, stack_key, utc_now,
+                      woken)
 from .stack_rollout import gate_on_rollout
 from .stack_session import (StackSession, confinement_stalled, materialise_program, source_revision, stack_state_dir,
                             update_request, wait_for_reference)
@@ -294,7 +295,7 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
     metrics.forget(namespace, name)
     if not decision.destroy or spec is None:
         logger.info("releasing stack without destroy: %s", decision.message)
-        await ctx.engine.release(stack_key(namespace, name))
+        await release(ctx, namespace, stack_key(namespace, name))
         shutil.rmtree(stack_dir, ignore_errors=True)
         return
     work = stack_dir / "runs" / f"destroy-{uuid.uuid4().hex[:8]}"
@@ -341,5 +342,5 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
             raise kopf.TemporaryError(session.redactor.redact(message), delay=min(600, 10 * 3 ** min(retry, 4)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    await ctx.engine.release(stack_key(namespace, name))
+    await release(ctx, namespace, stack_key(namespace, name))
     shutil.rmtree(stack_dir, ignore_errors=True)

@@ -33,7 +33,7 @@ from ..sources.references import RefError
 from ..sources.workspace_program import git_credentials, materialise, resolve_env, stack_config
 from .auto_state import (MARKER, RETRY_SECONDS, AutoState, ObjectLoop, Program, auto_event, materialised_program,
                          patch_auto_status, state_of, workspace_dir, workspace_key, workspace_request)
-from .context import owned, utc_now
+from .context import owned, release, utc_now
 from .update import wake_waiting
 
 
@@ -199,7 +199,7 @@ async def workspace_event(type: str | None, body: kopf.Body, namespace: str, nam
         if not ctx.engine.busy(workspace_key(namespace, name)):
             shutil.rmtree(workspace_dir(ctx, namespace, name), ignore_errors=True)
         if type == "DELETED":  # what a foreground delete's run kept from the garbage collector goes now
-            await ctx.engine.release(workspace_key(namespace, name))
+            await release(ctx, namespace, workspace_key(namespace, name))
         ctx.engine.forget(workspace_key(namespace, name))
         return
     body = dict(body)
