@@ -527,6 +527,7 @@ class LocalPlatform:
         if too_long:
             raise PlatformError(f"real nodes cannot start here: {too_long}")
         started = time.monotonic()
+        (self.state / "nodes").mkdir(exist_ok=True)  # the nodes' and their side processes' records
         try:
             realnode.claim_host(self.state, self.run_dir, say, extra_processes=NODE_SIDE_PROCESSES)
             realnode.ensure_bridge()
