@@ -19,7 +19,13 @@ from strata_components.team import TeamEnvironment
 config = pulumi.Config()
 cluster = Cluster("cluster", {"mode": "existing", "existing": {"kubeconfig_path": config.require("kubeconfigPath")}})
 team_name = config.get("team") or "demo"
-team = TeamEnvironment("sandbox", {"provider": cluster.provider, "team": team_name, "server": cluster.server})
+# The operator's own home (`~` is the operator's), which outlives its restarts; it creates the directory.
+backend = config.get("backend") or "file://~/.local/state/strata/examples"
+team_args = {"provider": cluster.provider, "team": team_name, "server": cluster.server}
+if backend.startswith("file://"):
+    # The one directory of the operator's host the team's programs may write (the operator runs them sandboxed).
+    team_args["file_backend"] = backend
+team = TeamEnvironment("sandbox", team_args)
 kube = pulumi.ResourceOptions(provider=cluster.provider, depends_on=[team])
 hello = Program("hello", {"namespace": team.namespace, "program": {
     "resources": {"greeting": {"type": "pulumi:index:Stash", "properties": {"input": "hello from strata"}}},
@@ -28,8 +34,6 @@ hello = Program("hello", {"namespace": team.namespace, "program": {
 # cannot even create the stack. The passphrase reaches the cluster only inside this Secret.
 passphrase = k8s.core.v1.Secret("hello-passphrase", metadata={"name": "hello-passphrase", "namespace": team.namespace},
                                 string_data={"passphrase": config.require_secret("statePassphrase")}, opts=kube)
-# The operator's own home (`~` is the operator's), which outlives its restarts; it creates the directory.
-backend = config.get("backend") or "file://~/.local/state/strata/examples"
 Stack("hello", {"namespace": team.namespace, "spec": {
     "stack": "organization/hello/dev", "program_ref": {"name": "hello"}, "backend": backend,
     "env_refs": {"PULUMI_CONFIG_PASSPHRASE": {"type": "Secret",

@@ -44,6 +44,7 @@ resources:
       provider: ${k8s}
       team: yaml
       server: ${server}
+      fileBackend: ${backend}
   hello:
     type: strata:Program
     properties:

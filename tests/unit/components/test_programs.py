@@ -367,6 +367,10 @@ def test_example_program_uses_the_library_from_outside(tmp_path):
     assert stack.inputs["metadata"]["namespace"] == "team-demo"
     assert stack.inputs["spec"]["serviceAccountName"] == "team-demo"
     assert harness.one("kubernetes:pulumi.com/v1:Program").urn in stack.dependencies
+    # The Stack's file:// state directory is the team's own: the one its sandboxed programs may write.
+    namespace = harness.one("kubernetes:core/v1:Namespace")
+    assert namespace.inputs["metadata"]["annotations"] == {
+        "strata.dev/file-backend": stack.inputs["spec"]["backend"]}
     # A file:// backend needs a passphrase: from a Secret in the Stack's namespace, never inline.
     secret = harness.one("kubernetes:core/v1:Secret", "hello-passphrase")
     assert secret.urn in stack.dependencies and secret.inputs["metadata"]["namespace"] == "team-demo"

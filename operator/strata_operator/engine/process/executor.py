@@ -288,11 +288,12 @@ class AutomationEngine(SerializedEngine):
         bytecode = self.bytecode_cache(domain)
         if bytecode is not None:
             writable.append(bytecode)
-        root = file_backend_directory(domain.file_backend_root)
-        if root is not None:
-            writable.append(root)
         for directory in (*sources, *writable):
             directory.mkdir(parents=True, exist_ok=True)
+        root = file_backend_directory(domain.file_backend_root)
+        if root is not None:  # the team's state: private to the operator's user, as the worker makes it
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            writable.append(root)
         tools = tool_paths(self._path, [self.settings.plugin_cache, *self.settings.plugin_dirs])
         return SandboxMounts(read_only=(*tools, *sources), writable=tuple(writable), workdir=home)
 
