@@ -24,7 +24,7 @@ from ..api.stack import (WATCHED_FLUX_KINDS, StackSpec, local_source_issue, misp
                          not_applicable_fields, operator_ref_issues, parse_stack_spec, unused_sources,
                          workspace_template_issues)
 from ..api.status import condition
-from ..api.validation import STALLED_SPEC_INVALID, SpecInvalid
+from ..api.validation import STALLED_SPEC_INVALID, SpecInvalid, SpecIssue
 from ..decisions.planning import (check_prerequisite, drift_check_due, ever_deployed, new_revision_verdict,
                                   plan_finalize, plan_on_prerequisite_outputs, plan_stack, prerequisite_digests,
                                   prerequisites_verdict, soonest, suspended_verdict, terminating_namespace_message)
@@ -58,6 +58,15 @@ async def reconcile_stack(ctx: Context, body: Any, logger: Any) -> float | None:
         return RETRY_REFS_SECONDS
 
 
+def refused_issues(ctx: Context, spec: StackSpec) -> list[SpecIssue]:
+    """What of a Stack's spec this operator refuses to run at all (a team may not have it)."""
+    refused = [local_source_issue(spec, ctx.engine.in_workspace_pods),
+               *workspace_template_issues(spec, ctx.engine.in_workspace_pods, ctx.settings.reserved_placement)]
+    if not ctx.settings.allow_operator_refs:
+        refused += operator_ref_issues(spec, ctx.engine.in_workspace_pods)
+    return [issue for issue in refused if issue]
+
+
 async def _reconcile(session: StackSession, body: Any) -> float | None:
     ctx = session.ctx
     session.watched.seen = intent(body)
@@ -67,11 +76,7 @@ async def _reconcile(session: StackSession, body: Any) -> float | None:
     except SpecInvalid as err:
         await session.stall(err.reason, str(err), st.EVENT_CONFIG_INVALID)
         return None
-    refused = [local_source_issue(spec, ctx.engine.in_workspace_pods),
-               *workspace_template_issues(spec, ctx.engine.in_workspace_pods, ctx.settings.reserved_placement)]
-    if not ctx.settings.allow_operator_refs:
-        refused += operator_ref_issues(spec, ctx.engine.in_workspace_pods)
-    issues = [issue for issue in refused if issue]
+    issues = refused_issues(ctx, spec)
     if issues:
         # Before anything is resolved or run: no workspace pod is made from a forbidden template.
         await session.stall(SpecInvalid(issues).reason, "; ".join(str(issue) for issue in issues),
@@ -290,7 +295,7 @@ async def finalize_stack(namespace: str, name: str, body: kopf.Body, memo: kopf.
         spec: StackSpec | None = parse_stack_spec(dict(body.get("spec") or {}), namespace)
     except SpecInvalid:
         spec = None
-    decision = plan_finalize(spec)
+    decision = plan_finalize(spec, refused_issues(ctx, spec) if spec else [], session.status)
     stack_dir = stack_state_dir(ctx, namespace, name)
     metrics.forget(namespace, name)
     if not decision.destroy or spec is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ..api import FLUX_REQUESTED_AT_ANNOTATION, RECONCILE_REQUEST_ANNOTATION
@@ -21,7 +21,7 @@ from ..api.status import (EXECUTOR_CANNOT_ISOLATE, FAILED, PULUMI_VERSION_TOO_LO
                           SERVICE_ACCOUNT_REQUIRED, STALLED_CONFLICT, STALLED_UPDATE_FAILED, SUCCEEDED, SUSPENDED,
                           UPDATE_BLOCKED, UPDATE_INTERRUPTED, WORKSPACE_FAILED, Verdict, condition, has_changes,
                           parse_time)
-from ..api.validation import STALLED_SPEC_INVALID, parse_duration
+from ..api.validation import STALLED_SPEC_INVALID, SpecIssue, parse_duration
 from .approval import PLAN_REFUSED
 from .backoff import cooldown_seconds
 from .outputs import combine_digests
@@ -298,14 +298,20 @@ def terminating_namespace_message(namespace: str, name: str, problem: str, perma
             f"kubectl patch stack {name} -n {namespace} --type=merge -p '{{\"metadata\":{{\"finalizers\":[]}}}}'")
 
 
-def plan_finalize(spec: StackSpec | None) -> FinalizePlan:
-    """On deletion: destroy (then `stack rm`) only with destroyOnFinalize; a preview Stack owns nothing."""
+def plan_finalize(spec: StackSpec | None, refused: Sequence[SpecIssue], status: Mapping[str, Any]) -> FinalizePlan:
+    """On deletion: destroy (then `stack rm`) only with destroyOnFinalize; a preview Stack owns nothing, nor
+    does one refused before its first update ever started (`refused`: what of its spec the operator never
+    runs, such as a forbidden workspace template; its destroy would be refused the same, for ever). One
+    refused after it ran still has resources: its destroy fails naming what to fix."""
     if spec is None:
         return FinalizePlan(False, "spec is invalid; releasing without destroy")
     if not spec.destroy_on_finalize:
         return FinalizePlan(False, "destroyOnFinalize is not set; the stack's resources are kept")
     if spec.preview:
         return FinalizePlan(False, "preview stacks create no resources")
+    if refused and not status.get("lastUpdate"):
+        return FinalizePlan(False, f"no update of it ever ran (refused: {'; '.join(map(str, refused))}): nothing to "
+                                   "destroy")
     return FinalizePlan(True, "Stack marked for deletion")
 
 

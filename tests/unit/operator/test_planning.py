@@ -14,6 +14,7 @@ from strata_operator.decisions.planning import (Requests, check_prerequisite, co
                                                 terminating_namespace_message)
 from strata_operator.api.stack import Prerequisite, Requirement, parse_stack_spec
 from strata_operator.api.status import RunRecord, failed_update, rfc3339, succeeded_update
+from strata_operator.api.validation import SpecIssue
 
 NOW = datetime(2025, 1, 1, 12, 0, tzinfo=timezone.utc)
 SHA = "a" * 40
@@ -257,9 +258,18 @@ def test_prerequisite_verdicts():
 
 
 def test_finalize_destroys_only_with_flag():
-    assert plan_finalize(spec()).destroy is False
-    assert plan_finalize(spec(destroyOnFinalize=True)).destroy is True
-    assert plan_finalize(None).destroy is False
+    assert plan_finalize(spec(), [], {}).destroy is False
+    assert plan_finalize(spec(destroyOnFinalize=True), [], {}).destroy is True
+    assert plan_finalize(None, [], {}).destroy is False
+
+
+def test_a_stack_refused_before_its_first_update_has_nothing_to_destroy_one_refused_later_does():
+    refused = [SpecIssue("spec.workspaceTemplate.spec.podTemplate.spec.hostPID", "shows the pod every process "
+                         "of its node", "remove it")]
+    never_ran = plan_finalize(spec(destroyOnFinalize=True), refused, {"observedGeneration": 1})
+    assert never_ran.destroy is False and "hostPID" in never_ran.message, never_ran
+    ran = {"lastUpdate": {"state": "succeeded", "lastSuccessfulCommit": "abc"}}
+    assert plan_finalize(spec(destroyOnFinalize=True), refused, ran).destroy is True
     assert rfc3339(NOW) == "2025-01-01T12:00:00Z"
 
 
