@@ -152,6 +152,12 @@ def test_the_dev_stacks_operator_gets_the_platforms_kept_ports_shown_by_status(o
     assert processes.running_pid(state / "run", "strata-operator") is None
 
 
+def _catches_sigterm(pid: int) -> bool:
+    caught = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & 1 << (signal.SIGTERM - 1))
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                     reason="needs root and util-linux's unshare for a PID namespace of its own")
 def test_as_a_containers_pid_1_a_sigterm_while_it_starts_stops_it_at_once(operator, platform, tmp_path):
@@ -163,7 +169,10 @@ def test_as_a_containers_pid_1_a_sigterm_while_it_starts_stops_it_at_once(operat
     try:
         children = Path(f"/proc/{container.pid}/task/{container.pid}/children")
         pid_1 = processes.wait_until(lambda: children.read_text().split(), 10, "the namespace's first process")[0]
-        time.sleep(0.5)  # into the imports, well before Kopf's own handlers
+        # At once when its first handler is in place: into the imports, seconds before Kopf's own handlers
+        # (a fixed sleep landed after them on a warm machine, where Kopf's clean stop exits 0).
+        processes.wait_until(lambda: _catches_sigterm(int(pid_1)), 10, "the operator's first SIGTERM handler",
+                             interval=0.005)
         os.kill(int(pid_1), signal.SIGTERM)
         started = time.monotonic()
         try:
