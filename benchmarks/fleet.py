@@ -260,8 +260,13 @@ def main() -> None:
     parser.add_argument("--quiet-timeout", type=float, default=300, help="... for at most this many seconds")
     parser.add_argument("--no-floor", dest="floor", action="store_false",
                         help="skip the floor (the same first updates as bare `pulumi up` runs, before the fleet)")
+    parser.add_argument("--trusted", action="store_true",
+                        help="--executor process: the Stacks' namespace trusted (--trusted-namespace), its programs "
+                             "run unsandboxed as the operator's user; what the sandbox costs, against a run without")
     args = parser.parse_args()
     operator_args = ("--concurrency", str(args.concurrency)) if args.concurrency else ()
+    if args.trusted:
+        operator_args += ("--trusted-namespace", NAMESPACE)
     with platform_with_operator(operator_args, executor=args.executor) as bench:
         program = stash_program(args.resources)
         floor: dict = {}
@@ -342,7 +347,7 @@ def main() -> None:
 
         load_fill_end = round(os.getloadavg()[0], 1)
         fill_figures = {**floor, "fill_machine": fill_machine,
-            "stacks": args.stacks, "backends": args.backends, "resources": args.resources,
+            "stacks": args.stacks, "backends": args.backends, "resources": args.resources, "trusted": args.trusted,
             "all_ready_seconds": round(all_ready, 2), "latency_seconds": sorted(round(value, 2) for value in latencies),
             "operator_cpu_seconds": round(operator_cpu, 2), "peak_mb": {k: round(v, 1) for k, v in peak.items()},
             "fill_status_writes": fill_writes[0], "fill_other_writes": fill_writes[1],
