@@ -1,6 +1,6 @@
 """A fleet of Stacks on the real engine: time to all Ready, reconcile latency, memory, idle silence.
 
-    .venv/bin/python benchmarks/fleet.py [--stacks 50] [--backends 1] [--idle 300] [--json benchmarks/results/fleet-50.json]
+    .venv/bin/python benchmarks/fleet.py [--stacks 50] [--backends 1] [--idle 300] [--trusted] [--json benchmarks/results/fleet-50.json]
     .venv/bin/python benchmarks/fleet.py --executor pod [--rounds 5] ...   # as root: a real node, a pod per Stack
 
 N Stacks of one small YAML Program (builtin Stash resources) are created at once, spread round-robin
