@@ -75,10 +75,11 @@ def wait_ready(custom: client.CustomObjectsApi, namespace: str, name: str) -> di
                       "Ready")
 
 
-def run_hostile_stack(custom: client.CustomObjectsApi, repos: GitRepos, sync_root: str, stack: dict) -> dict:
-    """Commit the hostile Stack under alpha's path; its status once its first update ran (it must succeed: its
-    probes catch what they are refused)."""
-    commit_under_alpha(custom, repos, sync_root, stack)
+def run_hostile_stack(custom: client.CustomObjectsApi, repos: GitRepos, sync_root: str, stack: dict,
+                      *others: dict) -> dict:
+    """Commit the hostile Stack (and `others` beside it) under alpha's path; its status once its first update
+    ran (it must succeed: its probes catch what they are refused)."""
+    commit_under_alpha(custom, repos, sync_root, stack, *others)
     ran = wait_stack(custom, "team-alpha", stack["metadata"]["name"], lambda status: (
         status.get("lastUpdate") or {}).get("state") in ("succeeded", "failed"), "its first update")
     status = ran["status"]
@@ -98,6 +99,17 @@ def secret_values(state: Path, files: Iterable[str]) -> list[str]:
                 values.append(value)
     values += [line for line in (state / "pki" / "ca.key").read_text().splitlines() if not line.startswith("-----")]
     return values
+
+
+def assert_stalled(custom: client.CustomObjectsApi, name: str, reason: str, *fragments: str) -> None:
+    """Alpha's Stack `name` Stalled for `reason`, its message naming each of `fragments`."""
+    stack = wait_stack(custom, "team-alpha", name, lambda status: any(
+        c["type"] == "Stalled" and c["status"] == "True" for c in status.get("conditions") or []), "Stalled")
+    condition = next(c for c in stack["status"]["conditions"] if c["type"] == "Stalled")
+    assert condition["reason"] == reason, condition
+    for fragment in fragments:
+        assert fragment in condition["message"], (fragment, condition)
+    assert not (stack["status"].get("lastUpdate") or {}), stack["status"]  # refused before anything ran
 
 
 def assert_refused_beyond_its_own(probes: dict) -> None:

@@ -24,8 +24,8 @@ import yaml
 from kubernetes import client, config
 from requirements import missing_e2e_requirements
 
-from hostile_team import (assert_nothing_reached, assert_refused_beyond_its_own, hostile_stack, run_hostile_stack,
-                          secret_values, wait_ready)
+from hostile_team import (assert_nothing_reached, assert_refused_beyond_its_own, assert_stalled, hostile_stack,
+                          run_hostile_stack, secret_values, wait_ready)
 
 from strata_components.console.models import layer_edges
 from strata_components.local.gitserver import GitRepos
@@ -264,8 +264,18 @@ def hostile_team_gets_nothing(home: Path, custom: client.CustomObjectsApi, core:
         "apiserver": f"https://127.0.0.1:{ports['apiserver']}", "otherNamespace": "team-beta"}
     # What those files hold that would open something: tokens, private keys, passphrases, the push credential.
     secrets = [shared, beta_passphrase, *secret_values(state, targets["files"].values())]
+    # Beside it, two Stacks asking the operator itself for what is not alpha's: the platform's repository read
+    # from the operator's own filesystem, and state written into beta's directory.
+    platform_repo = hostile_stack({}, "platform-repo")
+    platform_repo["spec"] = {**{k: v for k, v in platform_repo["spec"].items() if k != "fluxSource"},
+                             "projectRepo": (state / "git" / "strata.git").as_uri(), "branch": "main",
+                             "repoDir": "programs/platform", "destroyOnFinalize": False}
+    beta_state = hostile_stack({}, "beta-state")
+    beta_state["spec"].update(backend=(backend / "teams" / "beta").as_uri(), destroyOnFinalize=False)
     status = run_hostile_stack(custom, GitRepos(state / "git", f"http://127.0.0.1:{ports['git']}"), "clusters/dev",
-                               hostile_stack(targets))
+                               hostile_stack(targets), platform_repo, beta_state)
+    assert_stalled(custom, "platform-repo", "SpecInvalid", "spec.projectRepo", "operator's own filesystem")
+    assert_stalled(custom, "beta-state", "SpecInvalid", "spec.backend", "not inside the file:// state the platform gave")
     probes = status["outputs"]["probes"]
     for name in targets["files"]:
         assert probes[f"read {name}"].startswith("denied: FileNotFoundError"), (name, probes[f"read {name}"])
