@@ -68,14 +68,17 @@ def _host_view(node: realnode.RealNode) -> dict:
     }
 
 
+def _sleeping_pod(core: client.CoreV1Api, namespace: str, name: str, image: str) -> None:
+    """A pod Running on the real node: its mounts, cgroups and network namespace are on the host."""
+    core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": real_node_pod_spec(
+        containers=[{"name": "main", "image": image, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}])})
+    wait_phase(core, namespace, name, {"Running"}, timeout=90)
+
+
 def test_down_undoes_what_the_node_changed_on_the_host(platform: LocalPlatform, node, kube_client, namespace,
                                                        operator_image):
     record = json.loads(realnode.HOST_RECORD.read_text())
-    core = client.CoreV1Api(kube_client)
-    core.create_namespaced_pod(namespace, {"metadata": {"name": "busy"}, "spec": real_node_pod_spec(
-        containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
-                     "command": ["sleep", "3600"]}])})
-    wait_phase(core, namespace, "busy", {"Running"}, timeout=90)
+    _sleeping_pod(client.CoreV1Api(kube_client), namespace, "busy", operator_image.name)
     running = _host_view(node)
     assert running["bridge"] and running["mounts"] and running["cgroups"], running
 
@@ -83,7 +86,8 @@ def test_down_undoes_what_the_node_changed_on_the_host(platform: LocalPlatform, 
     after = _host_view(node)
     try:
         assert after == {"sysctls": record["sysctls"], "bridge": False, "mounts": [], "cgroups": [],
-                         "host_dirs": record["dirs"], "iptables_chains": record["iptables"], "netns": record["netns"], "processes": []}
+                         "host_dirs": record["dirs"], "iptables_chains": record["iptables"], "netns": record["netns"],
+                         "processes": []}
         assert not realnode.HOST_RECORD.exists()
     finally:
         platform.up(say=print)  # the session's platform, for whatever runs after
@@ -95,11 +99,7 @@ def test_a_platform_killed_with_its_node_leaves_nothing_the_next_one_does_not_un
     network namespaces stay behind, and a later platform's pods would share the bridge with stale ones
     holding their addresses. The next platform to start real nodes undoes them first."""
     record = json.loads(realnode.HOST_RECORD.read_text())
-    core = client.CoreV1Api(kube_client)
-    core.create_namespaced_pod(namespace, {"metadata": {"name": "killed"}, "spec": real_node_pod_spec(
-        containers=[{"name": "main", "image": operator_image.name, "imagePullPolicy": "Never",
-                     "command": ["sleep", "3600"]}])})
-    wait_phase(core, namespace, "killed", {"Running"}, timeout=90)
+    _sleeping_pod(client.CoreV1Api(kube_client), namespace, "killed", operator_image.name)
     for name in (f"kubelet-{node.name}", f"containerd-{node.name}", realnode.GATEWAY_PROCESS):
         os.kill(processes.running_pid(platform.run_dir, name), signal.SIGKILL)
     realnode.kill_containers(node)
